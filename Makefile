@@ -1,0 +1,41 @@
+# `make train` and `make test` do all the set-up: they create .venv and install the project when needed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ARGS ?=
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install train test test-all lint format clean
+
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
+	@echo "  Pass overrides with ARGS, e.g. make train ARGS='data.num_workers=2 trainer.epochs=1'"
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP) ## Create .venv (if missing) and install the project with its dev tools
+
+train: $(STAMP) ## Train a ResNet on the default `shapes` dataset (generated locally, no download)
+	$(BIN)/python train.py $(ARGS)
+
+test: $(STAMP) ## Run the fast test suite (slow tests: make test-all)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-all: $(STAMP) ## Run every test, the slow ones included
+	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS)
+
+lint: $(STAMP) ## ruff check and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP) ## Apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean: ## Remove outputs and caches (keeps .venv and the generated datasets)
+	rm -rf outputs .pytest_cache .ruff_cache

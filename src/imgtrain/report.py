@@ -1,0 +1,162 @@
+"""End-of-run reporting: metrics.json, TensorBoard hparams, the console table, and the progress bar."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torchvision
+from tqdm import tqdm
+
+from imgtrain import dist
+from imgtrain.config import AUTO, Config
+from imgtrain.loader import available_cpus
+
+
+def format_args(args: dict[str, Any]) -> str:
+    """`key=value` pairs on one line, for the start-up log."""
+    return " ".join(f"{k}={v}" for k, v in args.items())
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Write JSON atomically (temporary file, then rename), so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def summarise(
+    *,
+    meter,
+    monitor,
+    state,
+    info: dist.DistInfo,
+    device,
+    precision,
+    loader_args,
+    settings: Config,
+    wall_time_s: float,
+) -> dict[str, Any]:
+    """The run's final figures, reduced over ranks (a collective: every rank must call it)."""
+    perf = meter.summary()
+    resources = monitor.summary()
+    rate, wait = perf["images_per_sec"], perf["data_wait_frac"]
+    measured = rate is not None
+    # Global throughput is the sum over ranks; data wait is the mean over ranks and, since the slowest rank
+    # bounds a DDP step, also the max.
+    summed = dist.all_reduce_sum([rate or 0.0, wait or 0.0], device)
+    wait_max = dist.all_reduce_max([wait or 0.0], device)[0]
+    val = state.get("val", {})
+    return {
+        "status": "ok",
+        "mode": settings.mode,
+        "images_per_sec": summed[0] if measured else None,
+        "images_per_sec_per_process": rate,
+        "images_per_sec_median": perf.get("images_per_sec_median"),
+        "images_per_sec_windows": perf["windows"],
+        "data_wait_frac": summed[1] / info.world_size if measured else None,
+        "data_wait_frac_max": wait_max if measured else None,
+        "step_time_ms": perf["step_time_ms"],
+        "measured_steps": perf.get("measured_steps", 0),
+        "gpu_util_mean": resources.get("gpu_util_mean"),
+        "gpu_mem_used_max_gb": resources.get("gpu_mem_used_max_gb"),
+        "gpu_mem_peak_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
+        "cpu_pct_mean": resources.get("cpu_pct_mean"),
+        "proc_cpu_pct_mean": resources.get("proc_cpu_pct_mean"),
+        "rss_peak_gb": resources.get("rss_peak_gb"),
+        "val_acc": val.get("val_acc"),
+        "val_loss": val.get("val_loss"),
+        "val_count": val.get("val_count"),
+        "best_val_acc": state.get("best_val_acc"),
+        "steps": state["step"],
+        "wall_time_s": wall_time_s,
+        "loader": loader_args["train"],
+        "loader_val": loader_args["val"],
+        "batch_size_global": loader_args["train"]["batch_size"] * info.world_size,
+        "world_size": info.world_size,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "precision": precision,
+        "dataset": settings.dataset.name,
+        "model": settings.model.arch,
+        "torch_version": torch.__version__,
+        "torchvision_version": torchvision.__version__,
+        "cpu_count": available_cpus(),
+    }
+
+
+def hparams(settings: Config, loader_args: dict[str, Any]) -> dict[str, Any]:
+    """Loader settings (and what else defines the run) for TensorBoard's HParams tab."""
+    params = {f"data/{k}": v for k, v in loader_args["train"].items()}
+    params.update(
+        {
+            "dataset": settings.dataset.name,
+            "model": settings.model.arch,
+            "precision": settings.trainer.precision,
+            "device": settings.trainer.device,
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        }
+    )
+    return params
+
+
+def hparam_metrics(summary: dict[str, Any]) -> dict[str, float | None]:
+    """The final figures the HParams tab shows next to each run's settings."""
+    keys = ("images_per_sec", "data_wait_frac", "gpu_util_mean", "val_acc", "rss_peak_gb")
+    return {f"hparam/{k}": summary.get(k) for k in keys}
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    """A short summary on the console."""
+    loader = summary["loader"]
+    rows = [
+        ("images/s (steady state)", _fmt(summary["images_per_sec"], ",.1f")),
+        ("data wait (share of step)", _fmt(summary["data_wait_frac"], ".1%")),
+        ("step time (ms)", _fmt(summary["step_time_ms"], ".1f")),
+        ("GPU util (mean %)", _fmt(summary["gpu_util_mean"], ".1f")),
+        ("CPU (mean % of system)", _fmt(summary["cpu_pct_mean"], ".1f")),
+        ("RSS peak incl. workers (GB)", _fmt(summary["rss_peak_gb"], ".2f")),
+        ("val acc (top-1)", _fmt(summary["val_acc"], ".4f")),
+        ("steps / wall time (s)", f"{summary['steps']} / {summary['wall_time_s']:.1f}"),
+        (
+            "loader",
+            f"batch_size={loader['batch_size']} num_workers={loader['num_workers']} pin_memory={loader['pin_memory']}",
+        ),
+        (
+            "device / precision / world",
+            f"{summary['device']} / {summary['precision']} / {summary['world_size']}",
+        ),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"  {name.ljust(width)}  {value}" for name, value in rows]
+    print("\n".join(["", "Run summary", *lines, ""]), flush=True)
+
+
+def progress_bar(total: int, epoch: int, setting: Any) -> tqdm:
+    """A per-epoch bar with img/s; on by default only on a terminal, so logs in files stay readable."""
+    show = sys.stderr.isatty() if setting == AUTO else bool(setting)
+    return tqdm(total=total, desc=f"epoch {epoch + 1}", unit="step", disable=not show, dynamic_ncols=True, leave=False)
+
+
+def update_progress(bar: tqdm, metrics: dict[str, float], global_step: int) -> None:
+    """Show the latest window's figures on the bar (or as a log line when there is no bar)."""
+    shown = {"loss": f"{metrics['train/loss']:.3f}"}
+    if "perf/images_per_sec" in metrics:
+        shown["img/s"] = f"{metrics['perf/images_per_sec']:.0f}"
+        shown["wait"] = f"{metrics['perf/data_wait_frac']:.0%}"
+    if bar.disable:
+        logging.getLogger("imgtrain.run").info(
+            "step %d: %s", global_step, " ".join(f"{k} {v}" for k, v in shown.items())
+        )
+    else:
+        bar.set_postfix(shown, refresh=False)

@@ -1,0 +1,121 @@
+"""Config composition for every option of every group, and validation of bad values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import CONF_DIR, compose_cfg
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from imgtrain.config import (
+    AdamWConfig,
+    CifarConfig,
+    ConfigError,
+    ImageFolderConfig,
+    SGDConfig,
+    ShapesConfig,
+    SyntheticConfig,
+    validate,
+)
+
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+OPTIONS = [(group, path.stem) for group in GROUPS for path in sorted((CONF_DIR / group).glob("*.yaml"))]
+SCHEMAS = {
+    "shapes": ShapesConfig,
+    "synthetic": SyntheticConfig,
+    "imagefolder": ImageFolderConfig,
+    "cifar10": CifarConfig,
+    "cifar100": CifarConfig,
+    "sgd": SGDConfig,
+    "adamw": AdamWConfig,
+}
+
+
+def test_every_group_has_options() -> None:
+    assert set(GROUPS) >= {"data", "dataset", "model", "optim", "trainer"}
+    assert len(OPTIONS) >= 12
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS)
+def test_every_option_composes_and_validates(group: str, option: str, tmp_path: Path) -> None:
+    extra = [f"dataset.root={tmp_path}"] if option == "imagefolder" else []
+    settings = validate(compose_cfg(f"{group}={option}", *extra))
+    node = getattr(settings, group)
+    if option in SCHEMAS:
+        assert type(node) is SCHEMAS[option]
+    if group == "dataset":
+        assert node.name == option
+    if group == "model":
+        assert node.arch == option.removesuffix("_cifar")
+        assert node.cifar_stem == option.endswith("_cifar")
+
+
+def test_defaults() -> None:
+    cfg = compose_cfg()
+    assert cfg.dataset.name == "shapes"
+    assert cfg.model.arch == "resnet18"
+    assert cfg.data.num_workers == "auto"
+    assert cfg.trainer.device == "auto"
+    assert OmegaConf.select(cfg, "data.distributed_sampler") == "auto"
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "expected"),
+    [
+        ("data.batch_size=64", "batch_size", 64),
+        ("data.num_workers=3", "num_workers", 3),
+        ("data.pin_memory=false", "pin_memory", False),
+        ("data.prefetch_factor=4", "prefetch_factor", 4),
+        ("data.prefetch_factor=null", "prefetch_factor", None),
+        ("data.persistent_workers=false", "persistent_workers", False),
+        ("data.drop_last=false", "drop_last", False),
+        ("data.shuffle=false", "shuffle", False),
+        ("data.distributed_sampler=true", "distributed_sampler", True),
+        ("data.multiprocessing_context=spawn", "multiprocessing_context", "spawn"),
+        ("data.timeout=30", "timeout", 30.0),
+        ("data.seed_workers=false", "seed_workers", False),
+    ],
+)
+def test_every_data_key_is_overridable(override: str, key: str, expected: object) -> None:
+    settings = validate(compose_cfg(override))
+    assert getattr(settings.data, key) == expected
+    assert type(getattr(settings.data, key)) is type(expected)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("data.num_workers=-1", "data.num_workers=-1"),
+        ("data.num_workers=lots", "data.num_workers=lots"),
+        ("data.batch_size=0", "data.batch_size=0"),
+        ("data.prefetch_factor=0", "data.prefetch_factor=0"),
+        ("data.timeout=-1", "data.timeout=-1"),
+        ("data.multiprocessing_context=threads", "fork, spawn, forkserver"),
+        ("data.distributed_sampler=maybe", "auto, true, false"),
+        ("trainer.device=tpu", "trainer.device=tpu"),
+        ("trainer.precision=fp8", "fp32, bf16, fp16"),
+        ("trainer.epochs=0", "trainer.epochs=0"),
+        ("model=resnet18 model.arch=vgg11", "resnet18, resnet34, resnet50"),
+        ("dataset=imagefolder", "dataset.root is required"),
+        ("dataset=imagefolder dataset.root=/no/such/dir", "/no/such/dir"),
+    ],
+)
+def test_bad_values_fail_with_one_line_naming_the_key(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        validate(compose_cfg(*override.split()))
+    text = str(info.value)
+    assert message in text
+    assert "\n" not in text
+
+
+def test_split_fraction_outside_unit_interval(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="dataset.val_fraction=1.5"):
+        validate(compose_cfg("dataset=imagefolder", f"dataset.root={tmp_path}", "dataset.val_fraction=1.5"))
+
+
+@pytest.mark.parametrize("override", ["data.batch_size=abc", "data.no_such_key=1", "dataset=bogus"])
+def test_type_and_key_errors_fail_at_composition(override: str) -> None:
+    with pytest.raises(ConfigCompositionException):
+        compose_cfg(override)

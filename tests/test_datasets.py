@@ -1,0 +1,285 @@
+"""Tests of the dataset builders: item format, shapes generation on disk, image folders, errors, pickling."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+from torchvision.datasets import CIFAR10
+from torchvision.datasets import cifar as cifar_module
+
+import imgtrain
+from imgtrain import shapes
+from imgtrain.config import ConfigError
+from imgtrain.datasets import (
+    DatasetBundle,
+    build_cifar,
+    build_imagefolder,
+    build_shapes,
+    build_synthetic,
+    split_indices,
+)
+
+# torchvision 0.29 warns on every torchvision.io decode; pytest overrides the filter set in datasets.py.
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+MEAN, STD = [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]
+SRC_DIR = str(Path(imgtrain.__file__).resolve().parents[1])
+
+
+def shapes_bundle(root: Path, size: int = 32, augment: bool = True, seed: int = 0) -> DatasetBundle:
+    return build_shapes("shapes", size, MEAN, STD, augment, str(root), num_train=60, num_val=20, seed=seed)
+
+
+def imagefolder(root: Path | str | None, **overrides) -> DatasetBundle:
+    kwargs = dict(image_size=24, augment=True, val_fraction=0.25, split_seed=0, val_resize=None)
+    kwargs.update(overrides)
+    return build_imagefolder("imagefolder", mean=MEAN, std=STD, root=None if root is None else str(root), **kwargs)
+
+
+def check_items(dataset, size: int, num_classes: int, count: int = 3) -> None:
+    for i in range(min(count, len(dataset))):
+        image, label = dataset[i]
+        assert isinstance(image, torch.Tensor) and image.dtype == torch.uint8
+        assert image.shape == (3, size, size) and image.is_contiguous()
+        assert type(label) is int and 0 <= label < num_classes
+
+
+def files_under(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file())
+
+
+def write_images(directory: Path, count: int, ext: str = "jpg", size: tuple[int, int] = (40, 30)) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(len(str(directory)))
+    for i in range(count):
+        pixels = rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(directory / f"{i}.{ext}")
+
+
+# ----------------------------------------------------------------------------- shapes
+def test_shapes_generates_imagefolder_layout_then_reuses_it(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="imgtrain.shapes")
+    bundle = shapes_bundle(tmp_path)
+    (base,) = [p for p in tmp_path.iterdir()]
+    assert base.name == shapes.dataset_key(32, 60, 20, 0)
+    assert sorted(p.name for p in base.iterdir()) == ["train", "val"]
+    for split, per_class in (("train", 6), ("val", 2)):
+        class_dirs = sorted(p.name for p in (base / split).iterdir())
+        assert class_dirs == sorted(shapes.CLASSES)
+        for name in class_dirs:
+            files = list((base / split / name).iterdir())
+            assert len(files) == per_class and all(f.suffix == ".jpg" for f in files)
+            with Image.open(files[0]) as img:
+                assert img.format == "JPEG" and img.size == (32, 32)
+    assert [r.message for r in caplog.records if "generated" in r.message] != []
+    assert (len(bundle.train), len(bundle.val), bundle.num_classes) == (60, 20, 10)
+    assert bundle.classes == sorted(shapes.CLASSES) and bundle.mean == (0.5, 0.5, 0.5)
+    check_items(bundle.train, 32, 10)
+    check_items(bundle.val, 32, 10)
+    assert sorted({int(x) for x in bundle.val.labels}) == list(range(10))
+
+    caplog.clear()
+    before = {p: p.stat().st_mtime_ns for p in files_under(tmp_path)}
+    again = shapes_bundle(tmp_path)
+    assert {p: p.stat().st_mtime_ns for p in files_under(tmp_path)} == before
+    assert not [r for r in caplog.records if "generated" in r.message]
+    assert list(again.train.paths) == list(bundle.train.paths)
+
+
+def test_shapes_labels_match_folders_and_val_is_not_augmented(tmp_path):
+    bundle = shapes_bundle(tmp_path, augment=True)
+    for i, label in enumerate(bundle.val.labels):
+        assert Path(bundle.val.path(i)).parent.name == bundle.classes[label]
+    image, _ = bundle.val[0]
+    assert torch.equal(image, bundle.val[0][0])  # deterministic
+    assert not all(torch.equal(bundle.train[0][0], bundle.train[0][0]) for _ in range(5))  # random crops
+
+
+def test_shapes_generation_is_deterministic(tmp_path):
+    a = shapes.ensure_shapes(str(tmp_path / "a"), 32, 30, 10, seed=3)
+    b = shapes.ensure_shapes(str(tmp_path / "b"), 32, 30, 10, seed=3)
+    c = shapes.ensure_shapes(str(tmp_path / "c"), 32, 30, 10, seed=4)
+    rel = [p.relative_to(a) for p in files_under(Path(a))]
+    assert len(rel) == 40 and rel == [p.relative_to(b) for p in files_under(Path(b))]
+    assert all((Path(a) / r).read_bytes() == (Path(b) / r).read_bytes() for r in rel)
+    assert sum((Path(a) / r).read_bytes() != (Path(c) / r).read_bytes() for r in rel) > 30
+
+
+def test_shapes_key_changes_with_the_parameters():
+    keys = {shapes.dataset_key(*args) for args in [(64, 10, 5, 0), (32, 10, 5, 0), (64, 11, 5, 0), (64, 10, 6, 0)]}
+    assert len(keys | {shapes.dataset_key(64, 10, 5, 1)}) == 5
+    assert f"v{shapes.FORMAT_VERSION}" in shapes.dataset_key(64, 10, 5, 0)
+
+
+def test_shapes_losing_the_rename_keeps_the_winners_tree(tmp_path, monkeypatch):
+    key = shapes.dataset_key(32, 20, 10, 0)
+    real = shapes._generate_into
+
+    def generate_while_another_process_finishes(out_dir, *args):
+        real(out_dir, *args)
+        real(str(tmp_path / key), *args)  # the "other process" publishes first
+
+    monkeypatch.setattr(shapes, "_generate_into", generate_while_another_process_finishes)
+    final = shapes.ensure_shapes(str(tmp_path), 32, 20, 10, seed=0)
+    assert final == str(tmp_path / key)
+    assert [p.name for p in tmp_path.iterdir()] == [key]  # our temporary copy was discarded
+    assert len(files_under(tmp_path)) == 30
+
+
+def test_shapes_concurrent_generation_from_two_processes(tmp_path):
+    start = time.time() + 2.0  # both processes begin generating at the same moment
+    code = (
+        "import sys, time; from imgtrain import shapes; "
+        f"time.sleep(max(0.0, {start} - time.time())); "
+        f"print(shapes.ensure_shapes({str(tmp_path)!r}, 32, 300, 50, 0))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC_DIR, os.environ.get("PYTHONPATH", "")])}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        for _ in range(2)
+    ]
+    results = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err.decode() for _, err in results]
+    paths = {out.decode().strip() for out, _ in results}
+    assert paths == {str(tmp_path / shapes.dataset_key(32, 300, 50, 0))}
+    assert [p.name for p in tmp_path.iterdir()] == [shapes.dataset_key(32, 300, 50, 0)]
+    assert len(files_under(tmp_path)) == 350
+
+
+def test_shapes_dataloader_with_spawn_workers(tmp_path):
+    bundle = shapes_bundle(tmp_path)
+    pickle.dumps(bundle.train)
+    loader = DataLoader(bundle.train, batch_size=16, num_workers=2, multiprocessing_context="spawn")
+    batches = list(loader)
+    assert sum(len(y) for _, y in batches) == 60
+    images, labels = batches[0]
+    assert images.dtype == torch.uint8 and images.shape == (16, 3, 32, 32) and labels.dtype == torch.int64
+
+
+# ----------------------------------------------------------------------------- synthetic
+def test_synthetic_items_and_determinism():
+    build = lambda seed: build_synthetic("synthetic", 16, MEAN, STD, True, 50, 10, 7, seed)  # noqa: E731
+    a, b, c = build(0), build(0), build(1)
+    assert (len(a.train), len(a.val), a.num_classes, a.image_size) == (50, 10, 7, 16)
+    check_items(a.train, 16, 7, count=50)
+    check_items(a.val, 16, 7)
+    assert torch.equal(a.train.images, b.train.images) and not torch.equal(a.train.images, c.train.images)
+    assert not torch.equal(a.train.images[:10], a.val.images)
+
+
+# ----------------------------------------------------------------------------- image folders
+def test_imagefolder_with_train_and_val_folders(tmp_path):
+    for split, count in (("train", 4), ("val", 2)):
+        write_images(tmp_path / split / "cat", count)
+        write_images(tmp_path / split / "dog", count, ext="png", size=(20, 50))
+    write_images(tmp_path / "train" / "eel", 3, ext="bmp")  # no val images for eel: allowed
+    Image.new("L", (30, 30), 128).save(tmp_path / "train" / "cat" / "gray.jpg")
+    bundle = imagefolder(tmp_path)
+    assert bundle.classes == ["cat", "dog", "eel"] and bundle.num_classes == 3
+    assert (len(bundle.train), len(bundle.val)) == (12, 4)
+    assert all(Path(bundle.val.path(i)).parts[-3] == "val" for i in range(len(bundle.val)))
+    check_items(bundle.train, 24, 3, count=12)
+    check_items(bundle.val, 24, 3, count=4)
+    assert bundle.train.paths.dtype.kind == "S" and bundle.train.labels.dtype == np.int64  # no python objects
+
+
+def test_imagefolder_split_by_fraction_is_disjoint_stratified_and_seeded(tmp_path):
+    for name in ("a", "b", "c"):
+        write_images(tmp_path / name, 20, size=(8, 8))
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    (tmp_path / "empty").mkdir()
+    bundle = imagefolder(tmp_path, val_fraction=0.25, augment=False)
+    assert bundle.classes == ["a", "b", "c"]
+    train, val = set(bundle.train.paths.tolist()), set(bundle.val.paths.tolist())
+    assert len(train) == 45 and len(val) == 15 and not train & val
+    assert np.bincount(bundle.val.labels).tolist() == [5, 5, 5]
+    check_items(bundle.train, 24, 3)
+    same = imagefolder(tmp_path, val_fraction=0.25)
+    other = imagefolder(tmp_path, val_fraction=0.25, split_seed=1)
+    assert set(same.val.paths.tolist()) == val and set(other.val.paths.tolist()) != val
+
+
+def test_split_indices_keeps_one_train_image_per_class():
+    train, val = split_indices([0, 0, 1, 2, 2, 2, 2], val_fraction=0.5, seed=0)
+    assert sorted(train.tolist() + val.tolist()) == list(range(7))
+    assert 2 not in val.tolist() and len(val) == 3
+
+
+@pytest.mark.parametrize("layout", ["missing", "empty", "empty_classes", "none", "val_without_images"])
+def test_imagefolder_errors_are_one_line_and_name_the_root(tmp_path, layout):
+    root = tmp_path / "images"
+    if layout != "missing":
+        root.mkdir()
+    if layout == "empty_classes":
+        (root / "cat").mkdir()
+        (root / "cat" / "notes.txt").write_text("not an image")
+    if layout == "val_without_images":
+        write_images(root / "train" / "cat", 2)
+        (root / "val" / "cat").mkdir(parents=True)
+    with pytest.raises(ConfigError) as info:
+        imagefolder(None if layout == "none" else root)
+    message = str(info.value)
+    assert "\n" not in message and "dataset.root" in message
+    if layout != "none":
+        assert str(root) in message
+
+
+# ----------------------------------------------------------------------------- cifar
+def test_cifar_offline_raises_a_config_error_that_says_where_to_put_the_files(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as info:
+        build_cifar("cifar10", 32, MEAN, STD, True, str(tmp_path), download=True)
+    assert time.perf_counter() - start < 10
+    message = str(info.value)
+    assert "\n" not in message and str(tmp_path) in message
+    assert "cifar-10-python.tar.gz" in message and "download failed" in message
+    with pytest.raises(ConfigError, match=r"cifar-100-python\.tar\.gz.*cifar-100-python/") as info:
+        build_cifar("cifar100", 32, MEAN, STD, True, str(tmp_path), download=False)
+    assert str(tmp_path) in str(info.value)
+    with pytest.raises(ConfigError, match="cifar10, cifar100"):
+        build_cifar("cifar7", 32, MEAN, STD, True, str(tmp_path), download=False)
+
+
+def write_fake_cifar(root: Path, name: str, n: int) -> None:
+    folder = root / ("cifar-10-batches-py" if name == "cifar10" else "cifar-100-python")
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    label_key, classes = ("labels", 10) if name == "cifar10" else ("fine_labels", 100)
+    files = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"] if name == "cifar10" else ["train", "test"]
+    for file in files:
+        entry = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), label_key: list(range(n))}
+        (folder / file).write_bytes(pickle.dumps(entry))
+    meta_file, meta_key = ("batches.meta", "label_names") if name == "cifar10" else ("meta", "fine_label_names")
+    (folder / meta_file).write_bytes(pickle.dumps({meta_key: [f"c{i}" for i in range(classes)]}))
+
+
+@pytest.mark.parametrize(("name", "size"), [("cifar10", 32), ("cifar100", 40)])
+def test_cifar_items_from_local_files(tmp_path, monkeypatch, name, size):
+    monkeypatch.setattr(cifar_module, "check_integrity", lambda *args, **kwargs: True)  # fakes have other md5s
+    write_fake_cifar(tmp_path, name, n=8)
+    bundle = build_cifar(name, size, MEAN, STD, True, str(tmp_path), download=False)
+    num_classes = 10 if name == "cifar10" else 100
+    train_len = 40 if name == "cifar10" else 8
+    assert (len(bundle.train), len(bundle.val), bundle.num_classes) == (train_len, 8, num_classes)
+    assert len(bundle.classes) == num_classes and bundle.image_size == size
+    check_items(bundle.train, size, num_classes)
+    check_items(bundle.val, size, num_classes)
+    if size == 32:
+        raw = torch.from_numpy(CIFAR10(str(tmp_path), train=False).data[3]).permute(2, 0, 1)
+        assert torch.equal(bundle.val[3][0], raw) and bundle.val[3][1] == 3

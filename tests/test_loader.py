@@ -1,0 +1,111 @@
+"""Normalisation of the DataLoader arguments: sweeps over num_workers must never crash."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler, TensorDataset
+
+from imgtrain.config import DataConfig
+from imgtrain.loader import ShardSampler, auto_num_workers, build_loader, plan_loader, seed_worker
+
+
+def _dataset(n: int = 64) -> TensorDataset:
+    return TensorDataset(torch.arange(n).view(n, 1).float(), torch.arange(n) % 4)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_worker_only_options_are_dropped_at_zero_workers(workers: int) -> None:
+    data = DataConfig(
+        num_workers=workers,
+        batch_size=16,
+        prefetch_factor=4,
+        persistent_workers=True,
+        timeout=5,
+        multiprocessing_context="spawn" if workers else "fork",
+    )
+    plan = plan_loader(data, train=True, device_type="cpu")
+    if workers == 0:
+        for key in ("prefetch_factor", "persistent_workers", "multiprocessing_context"):
+            assert key not in plan.kwargs
+        assert plan.kwargs["timeout"] == 0
+        assert len(plan.notes) == 2  # pin_memory on CPU, and one line for every worker-only option
+        assert "data.prefetch_factor=4" in plan.notes[1] and "data.persistent_workers=true" in plan.notes[1]
+    else:
+        assert plan.kwargs["prefetch_factor"] == 4 and plan.kwargs["persistent_workers"] is True
+        assert plan.kwargs["multiprocessing_context"] == "spawn"
+    loader = build_loader(_dataset(), plan, train=True, seed=0)
+    assert sum(len(labels) for _, labels in loader) == 64  # it really iterates, workers or not
+
+
+def test_pin_memory_is_turned_off_without_cuda() -> None:
+    plan = plan_loader(DataConfig(num_workers=0, pin_memory=True), train=True, device_type="cpu")
+    assert plan.kwargs["pin_memory"] is False
+    plan = plan_loader(DataConfig(num_workers=0, pin_memory=True), train=True, device_type="cuda")
+    assert plan.kwargs["pin_memory"] is True
+
+
+def test_val_loader_keeps_every_sample_and_doubles_the_batch() -> None:
+    plan = plan_loader(DataConfig(num_workers=0, batch_size=10), train=False, device_type="cpu")
+    assert plan.kwargs["drop_last"] is False and plan.kwargs["shuffle"] is False
+    assert plan.kwargs["batch_size"] == 20
+    loader = build_loader(_dataset(65), plan, train=False, seed=0)
+    assert sum(len(labels) for _, labels in loader) == 65
+
+
+@pytest.mark.parametrize(
+    ("cpus", "local_world", "expected"),
+    [(1, 1, 0), (2, 1, 1), (16, 1, 15), (16, 2, 7), (16, 8, 1), (64, 1, 16), (2, 4, 0)],
+)
+def test_auto_workers_share_the_cpus(cpus: int, local_world: int, expected: int) -> None:
+    assert auto_num_workers(local_world, cpus=cpus) == expected
+
+
+def test_auto_workers_note_says_how_it_was_chosen() -> None:
+    plan = plan_loader(DataConfig(num_workers="auto"), train=True, device_type="cpu", local_world_size=1)
+    assert plan.kwargs["num_workers"] == auto_num_workers(1)
+    assert any("num_workers=auto ->" in note and "CPUs available" in note for note in plan.notes)
+
+
+def test_distributed_sampler_auto_follows_world_size() -> None:
+    single = plan_loader(DataConfig(num_workers=0, batch_size=8), train=True, device_type="cpu", world_size=1)
+    multi = plan_loader(DataConfig(num_workers=0, batch_size=8), train=True, device_type="cpu", world_size=2)
+    forced = plan_loader(DataConfig(num_workers=0, distributed_sampler=True), train=True, device_type="cpu")
+    assert not single.use_distributed_sampler and multi.use_distributed_sampler and forced.use_distributed_sampler
+    loaders = [build_loader(_dataset(), multi, train=True, seed=0, rank=r, world_size=2) for r in range(2)]
+    assert all(isinstance(loader.sampler, DistributedSampler) for loader in loaders)
+    seen = [torch.cat([x for x, _ in loader]).view(-1).tolist() for loader in loaders]
+    assert not set(seen[0]) & set(seen[1]) and len(seen[0]) + len(seen[1]) == 64
+
+
+def test_shard_sampler_counts_each_sample_once() -> None:
+    shards = [list(ShardSampler(10, rank, 3)) for rank in range(3)]
+    assert sorted(i for shard in shards for i in shard) == list(range(10))
+
+
+def test_same_seed_same_order() -> None:
+    plan = plan_loader(DataConfig(num_workers=0, batch_size=8), train=True, device_type="cpu")
+    orders = [[x.view(-1).tolist() for x, _ in build_loader(_dataset(), plan, train=True, seed=s)] for s in (1, 1, 2)]
+    assert orders[0] == orders[1] and orders[0] != orders[2]
+
+
+def test_seed_worker_seeds_numpy_and_random() -> None:
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(1234)
+    seed_worker(0)
+    first = (np.random.rand(), random.random())
+    torch.manual_seed(1234)
+    seed_worker(0)
+    assert (np.random.rand(), random.random()) == first
+
+
+def test_describe_is_json_friendly() -> None:
+    import json
+
+    plan = plan_loader(DataConfig(num_workers=2), train=True, device_type="cpu")
+    described = json.loads(json.dumps(plan.describe()))
+    assert described["num_workers"] == 2 and described["seed_workers"] is True
+    assert "worker_init_fn" not in described

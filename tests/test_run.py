@@ -1,0 +1,84 @@
+"""`run(cfg)` in-process through Hydra's compose API: precisions, step limits, start methods, the objective."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from helpers import compose_cfg
+
+from imgtrain.config import ConfigError
+from imgtrain.run import resolve_precision, run
+
+SYNTHETIC = [
+    "dataset=synthetic",
+    "dataset.image_size=32",
+    "dataset.num_train=96",
+    "dataset.num_val=40",
+    "data.batch_size=16",
+    "data.num_workers=0",
+    "trainer.warmup_steps=1",
+    "trainer.log_every_n_steps=2",
+    "trainer.monitor_interval_s=0.1",
+]
+
+
+def _run(tmp_path: Path, *overrides: str) -> tuple[float, dict]:
+    value = run(compose_cfg(*SYNTHETIC, *overrides, output_dir=str(tmp_path)))
+    return value, json.loads((tmp_path / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_precisions_on_cpu(tmp_path: Path, precision: str) -> None:
+    value, metrics = _run(tmp_path, f"trainer.precision={precision}", "trainer.max_steps=3")
+    assert metrics["precision"] == precision
+    assert metrics["steps"] == 3
+    assert value == metrics["val_acc"]  # the default objective
+    assert math.isfinite(metrics["val_loss"])
+
+
+def test_max_steps_stops_mid_epoch_and_validates_all(tmp_path: Path) -> None:
+    _, metrics = _run(tmp_path, "trainer.epochs=5", "trainer.max_steps=8", "model=resnet18_cifar")
+    assert metrics["steps"] == 8  # 6 steps per epoch: stops 2 steps into the second epoch
+    assert metrics["val_count"] == 40
+
+
+def test_optimized_metric_is_returned(tmp_path: Path) -> None:
+    value, metrics = _run(tmp_path, "trainer.max_steps=6", "optimized_metric=images_per_sec")
+    assert value == pytest.approx(metrics["images_per_sec"]) and value > 0
+
+
+def test_label_smoothing_and_adamw(tmp_path: Path) -> None:
+    _, metrics = _run(tmp_path, "optim=adamw", "trainer.label_smoothing=0.1", "trainer.max_steps=3")
+    assert metrics["steps"] == 3 and math.isfinite(metrics["val_loss"])
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_spawn_and_forkserver_workers(tmp_path: Path, method: str, data_dir: Path) -> None:
+    overrides = [
+        "dataset=shapes",
+        "dataset.num_train=64",
+        "dataset.num_val=16",
+        "dataset.image_size=32",
+        "data.num_workers=1",
+        f"data.multiprocessing_context={method}",
+        "trainer.max_steps=3",
+    ]
+    _, metrics = _run(tmp_path, *overrides)
+    assert metrics["loader"]["multiprocessing_context"] == method and metrics["steps"] == 3
+
+
+def test_batch_larger_than_dataset_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="data.batch_size=128"):
+        _run(tmp_path, "data.batch_size=128")
+    assert not (tmp_path / "metrics.json").exists()
+
+
+def test_precision_the_device_cannot_do() -> None:
+    import torch
+
+    with pytest.raises(ConfigError, match="trainer.precision=fp16"):
+        resolve_precision("fp16", torch.device("cpu"))
+    assert resolve_precision("auto", torch.device("cpu")) == "fp32"

@@ -1,0 +1,87 @@
+"""A real `python train.py` subprocess on CPU: console, metrics.json, loader args and TensorBoard tags."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import FAST, read_metrics, run_train
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+EXPECTED_TAGS = {
+    "train/loss",
+    "train/acc",
+    "val/loss",
+    "val/acc",
+    "lr",
+    "perf/images_per_sec",
+    "perf/data_wait_frac",
+    "perf/step_time_ms",
+    "sys/cpu_pct",
+    "sys/rss_gb",
+}
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> tuple[Path, object]:
+    run_dir = tmp_path_factory.mktemp("smoke") / "run"
+    result = run_train([*FAST, "data.prefetch_factor=4"], run_dir, data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir, result
+
+
+def test_run_prints_summary_table(smoke_run) -> None:
+    _, result = smoke_run
+    assert "Run summary" in result.stdout
+    assert "images/s (steady state)" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_effective_loader_args_are_logged_and_saved(smoke_run) -> None:
+    run_dir, result = smoke_run
+    saved = json.loads((run_dir / "loader_args.json").read_text())
+    assert saved["train"]["num_workers"] == 1 and saved["train"]["prefetch_factor"] == 4
+    assert saved["train"]["pin_memory"] is False  # no CUDA here
+    assert saved["val"]["drop_last"] is False
+    assert "DataLoader (train): batch_size=32 num_workers=1" in result.stdout
+    assert "DataLoader (train): batch_size=32 num_workers=1" in (run_dir / "train.log").read_text()
+
+
+def test_metrics_json_holds_the_final_summary(smoke_run) -> None:
+    run_dir, _ = smoke_run
+    metrics = read_metrics(run_dir)
+    assert metrics["status"] == "ok"
+    assert metrics["images_per_sec"] > 0
+    assert 0.0 <= metrics["data_wait_frac"] <= 1.0
+    assert metrics["gpu_util_mean"] is None  # CPU run
+    assert 0.0 <= metrics["val_acc"] <= 1.0 and metrics["val_count"] == 64
+    assert metrics["loader"]["batch_size"] == 32 and metrics["loader"]["num_workers"] == 1
+    assert metrics["world_size"] == 1 and metrics["device"] == "cpu"
+    assert metrics["torch_version"] and metrics["cpu_count"] >= 1
+    assert metrics["steps"] == 8  # 256 images / 32 per batch, one epoch
+    assert metrics["measured_steps"] == 6  # 8 steps minus 2 warm-up steps
+    assert len(metrics["images_per_sec_windows"]) == 3
+    assert metrics["rss_peak_gb"] > 0.1
+
+
+def test_tensorboard_has_the_tags(smoke_run) -> None:
+    run_dir, _ = smoke_run
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert tags >= EXPECTED_TAGS, EXPECTED_TAGS - tags
+    assert not any(tag.startswith("gpu/") for tag in tags)  # no NVIDIA GPU: the gpu tags are absent
+    throughput_steps = [event.step for event in events.Scalars("perf/images_per_sec")]
+    assert min(throughput_steps) > 2  # warm-up steps are never reported as throughput
+    assert [event.step for event in events.Scalars("val/acc")] == [8]
+
+
+def test_tensorboard_hparams_in_the_same_run(smoke_run) -> None:
+    run_dir, _ = smoke_run
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    content = events.PluginTagToContent("hparams")
+    assert content, "no HParams plugin data"
+    assert [p.name for p in (run_dir / "tb").iterdir() if p.is_dir()] == []  # no timestamped subfolder
+    assert "hparam/images_per_sec" in events.Tags()["scalars"]

@@ -1,0 +1,22 @@
+"""Entry point: `python train.py [overrides]`, `python train.py -m ...` or `torchrun ... train.py ...`."""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from imgtrain.cli import run_guarded
+from imgtrain.config import register_configs
+from imgtrain.run import run
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float:
+    """Train with the composed config; return the metric a sweeper optimises."""
+    return run(cfg)
+
+
+if __name__ == "__main__":  # the guard `spawn`/`forkserver` DataLoader workers need when they re-import this
+    sys.exit(run_guarded(main))
