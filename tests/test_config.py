@@ -99,6 +99,7 @@ def test_every_data_key_is_overridable(override: str, key: str, expected: object
         ("trainer.epochs=0", "trainer.epochs=0"),
         ("model=resnet18 model.arch=vgg11", "resnet18, resnet34, resnet50"),
         ("dataset=imagefolder", "dataset.root is required"),
+        ("optimized_metric=speed", "val_acc, best_val_acc"),
         ("dataset=imagefolder dataset.root=/no/such/dir", "/no/such/dir"),
     ],
 )

@@ -21,6 +21,8 @@ ARCHS = ("resnet18", "resnet34", "resnet50")
 DEVICES = (AUTO, "cpu", "cuda")
 PRECISIONS = (AUTO, "fp32", "bf16", "fp16")
 MODES = ("train",)
+# Keys of metrics.json that `run` can return to a sweeper.
+OPTIMIZABLE = ("val_acc", "best_val_acc", "val_loss", "images_per_sec", "data_wait_frac", "step_time_ms")
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
 
@@ -275,6 +277,7 @@ def validate(cfg: DictConfig) -> Config:
     _check_trainer(settings.trainer)
     _check_choice("model.arch", settings.model.arch, ARCHS)
     _check_choice("mode", settings.mode, MODES)
+    _check_choice("optimized_metric", settings.optimized_metric, OPTIMIZABLE)
     if not isinstance(settings.optim, SGDConfig | AdamWConfig):
         raise ConfigError("optim must be one of the optim group's options: optim=sgd or optim=adamw")
     return settings

@@ -91,18 +91,10 @@ def summarise(
     }
 
 
-def hparams(settings: Config, loader_args: dict[str, Any]) -> dict[str, Any]:
+def hparams(summary: dict[str, Any]) -> dict[str, Any]:
     """Loader settings (and what else defines the run) for TensorBoard's HParams tab."""
-    params = {f"data/{k}": v for k, v in loader_args["train"].items()}
-    params.update(
-        {
-            "dataset": settings.dataset.name,
-            "model": settings.model.arch,
-            "precision": settings.trainer.precision,
-            "device": settings.trainer.device,
-            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
-        }
-    )
+    params = {f"data/{k}": v for k, v in summary["loader"].items()}
+    params.update({key: summary[key] for key in ("dataset", "model", "precision", "device", "world_size")})
     return params
 
 

@@ -245,7 +245,7 @@ def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch
     )
     if info.is_main:
         report.write_json(out_dir / "metrics.json", summary)
-        logger.log_hparams(report.hparams(settings, loader_args), report.hparam_metrics(summary))
+        logger.log_hparams(report.hparams(summary), report.hparam_metrics(summary))
         report.print_table(summary)
     logger.close()
     return summary
