@@ -5,9 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
+NPROC ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-all lint format clean
+.PHONY: help install train ddp test test-all lint format clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -22,6 +23,9 @@ install: $(STAMP) ## Create .venv (if missing) and install the project with its 
 
 train: $(STAMP) ## Train a ResNet on the default `shapes` dataset (generated locally, no download)
 	$(BIN)/python train.py $(ARGS)
+
+ddp: $(STAMP) ## Train with DDP: NPROC (default 2) processes via torchrun; gloo on CPU, nccl on GPUs
+	$(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
 
 test: $(STAMP) ## Run the fast test suite (slow tests: make test-all)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -43,9 +43,17 @@ def run_train(
 ) -> subprocess.CompletedProcess:
     """Run `python train.py` in a subprocess, its run directory pinned to `run_dir`."""
     environ = {**os.environ, "IMGTRAIN_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", **env}
-    cmd = [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", *args]
+    cmd = [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"]
     return subprocess.run(cmd, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=timeout)
 
 
 def read_metrics(run_dir: Path) -> dict:
     return json.loads((run_dir / "metrics.json").read_text())
+
+
+def run_torchrun(args: list[str], cwd: Path, data_dir: Path, nproc: int = 2, timeout: float = 300):
+    """`torchrun --standalone --nproc_per_node=N train.py ...` with `cwd` as the working directory."""
+    environ = {**os.environ, "IMGTRAIN_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    cmd += [str(ROOT / "train.py"), *args]
+    return subprocess.run(cmd, cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)

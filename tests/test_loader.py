@@ -78,6 +78,20 @@ def test_distributed_sampler_auto_follows_world_size() -> None:
     assert not set(seen[0]) & set(seen[1]) and len(seen[0]) + len(seen[1]) == 64
 
 
+def test_ranks_see_disjoint_samples_covering_the_dataset_every_epoch() -> None:
+    plan = plan_loader(DataConfig(num_workers=0, batch_size=4), train=True, device_type="cpu", world_size=2)
+    loaders = [build_loader(_dataset(), plan, train=True, seed=0, rank=r, world_size=2) for r in range(2)]
+    orders = []
+    for epoch in range(2):
+        for loader in loaders:
+            loader.sampler.set_epoch(epoch)  # as the training loop does every epoch
+        seen = [torch.cat([x for x, _ in loader]).view(-1).int().tolist() for loader in loaders]
+        assert not set(seen[0]) & set(seen[1])
+        assert sorted(seen[0] + seen[1]) == list(range(64))
+        orders.append(seen[0])
+    assert orders[0] != orders[1]  # set_epoch reshuffles
+
+
 def test_shard_sampler_counts_each_sample_once() -> None:
     shards = [list(ShardSampler(10, rank, 3)) for rank in range(3)]
     assert sorted(i for shard in shards for i in shard) == list(range(10))

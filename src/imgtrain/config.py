@@ -159,6 +159,7 @@ class TrainerConfig:
     label_smoothing: float = 0.0
     progress_bar: Any = AUTO  # auto (only on a terminal), true or false
     monitor_interval_s: float = 0.5  # how often the background thread samples NVML, CPU and RSS
+    dist_timeout_s: float = 600.0  # process-group timeout: how long a rank waits for the others in a collective
 
 
 @dataclass
@@ -174,8 +175,19 @@ class Config:
     output_dir: str = "${hydra:runtime.output_dir}"
 
 
+def _rank_zero_only(value: Any, fallback: Any = None) -> Any:
+    """`value` on rank 0, `fallback` elsewhere: only rank 0 writes Hydra's .hydra/ and the log file."""
+    from imgtrain.dist import global_rank
+
+    return value if global_rank() == 0 else fallback
+
+
 def register_configs() -> None:
     """Store the schemas so the YAML files in conf/ can name them as their base (`- base_...`)."""
+    from imgtrain.dist import launch_time
+
+    OmegaConf.register_new_resolver("launch_time", lambda fmt: launch_time().strftime(fmt), replace=True)
+    OmegaConf.register_new_resolver("rank_zero_only", _rank_zero_only, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     cs.store(group="data", name="base_data", node=DataConfig)
@@ -258,6 +270,8 @@ def _check_trainer(tr: TrainerConfig) -> None:
         raise _fail("trainer.lr_warmup_epochs", tr.lr_warmup_epochs, "expected a number >= 0")
     if not 0.0 <= tr.label_smoothing < 1.0:
         raise _fail("trainer.label_smoothing", tr.label_smoothing, "expected a number in [0, 1)")
+    if tr.dist_timeout_s <= 0:
+        raise _fail("trainer.dist_timeout_s", tr.dist_timeout_s, "expected seconds > 0")
     if tr.monitor_interval_s <= 0:
         raise _fail("trainer.monitor_interval_s", tr.monitor_interval_s, "expected seconds > 0")
     _check_choice("trainer.device", tr.device, DEVICES)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from functools import cache
 
 import torch
 import torch.distributed as dist
@@ -28,8 +32,45 @@ class DistInfo:
         return self.rank == 0
 
 
+def export_submitit_env() -> None:
+    """Under a submitit task (SLURM or local), export torchrun-style variables so the one env:// path works."""
+    if "SUBMITIT_EXECUTOR" not in os.environ or "RANK" in os.environ:
+        return
+    from submitit.helpers import TorchDistributedEnvironment
+
+    # CUDA_VISIBLE_DEVICES stays as SLURM set it: each task then picks the GPU of its LOCAL_RANK.
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+
+
+def global_rank() -> int:
+    """This process's rank before any process group exists (torchrun, SLURM/submitit, or 0)."""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"])
+    if "SUBMITIT_EXECUTOR" in os.environ:
+        from submitit import JobEnvironment
+
+        return JobEnvironment().global_rank
+    return 0
+
+
+@cache
+def launch_time() -> datetime:
+    """A start time every rank on this node agrees on, so they resolve the same Hydra run directory.
+
+    Hydra's `${now:...}` is evaluated in each process, and ranks start a few milliseconds apart, which can
+    straddle a second. Under torchrun every worker is a child of the same agent process, so its start time is
+    shared; under submitit each task keeps the job's directory already. Elsewhere: this process's start.
+    """
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        import psutil
+
+        return datetime.fromtimestamp(int(psutil.Process(os.getppid()).create_time()))
+    return datetime.now()
+
+
 def dist_info_from_env() -> DistInfo:
     """Read RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE as torchrun sets them (defaults: one process)."""
+    export_submitit_env()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     return DistInfo(
         rank=int(os.environ.get("RANK", "0")),
@@ -46,12 +87,22 @@ def resolve_device(requested: str, info: DistInfo) -> torch.device:
         raise ConfigError("trainer.device=cuda but no CUDA GPU is visible: use trainer.device=auto or cpu")
     if requested == "cpu" or not has_cuda:
         return torch.device("cpu")
-    if info.local_rank >= torch.cuda.device_count():
+    if max(info.local_rank + 1, info.local_world_size) > torch.cuda.device_count():
         raise ConfigError(
-            f"LOCAL_RANK={info.local_rank} but only {torch.cuda.device_count()} GPU(s) are visible: "
-            "start at most one process per GPU (torchrun --nproc_per_node) or use trainer.device=cpu"
+            f"{info.local_world_size} processes on this node but only {torch.cuda.device_count()} GPU(s) are "
+            "visible: start at most one process per GPU (torchrun --nproc_per_node) or use trainer.device=cpu"
         )
     return torch.device("cuda", info.local_rank)
+
+
+_job_counter = itertools.count()
+
+
+@cache
+def _rendezvous_store(timeout_s: float) -> dist.Store:
+    """The env:// store (torchrun's agent store, or one hosted by rank 0), made once per process."""
+    store, _, _ = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout_s)))
+    return store
 
 
 def setup(info: DistInfo, device: torch.device, timeout_s: float = 600.0) -> None:
@@ -61,7 +112,42 @@ def setup(info: DistInfo, device: torch.device, timeout_s: float = 600.0) -> Non
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    # A sweep inside torchrun sets up one process group per job in the same processes. Every rank runs the
+    # same jobs in the same order, so a per-job key prefix keeps each group's rendezvous keys apart; without
+    # it the second group would read the first one's stale addresses from the shared store.
+    store = dist.PrefixStore(f"imgtrain/job{next(_job_counter)}", _rendezvous_store(timeout_s))
+    dist.init_process_group(
+        backend=backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timedelta(seconds=timeout_s)
+    )
+
+
+@contextlib.contextmanager
+def main_process_first(info: DistInfo) -> Iterator[None]:
+    """Rank 0 runs the block first (e.g. generating a dataset), the other ranks after it has finished."""
+    if info.enabled and not info.is_main:
+        dist.barrier()
+    yield
+    if info.enabled and info.is_main:
+        dist.barrier()
+
+
+def broadcast_object(value, info: DistInfo):
+    """Rank 0's value on every rank."""
+    if not info.enabled:
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def all_gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's `values` (one collective); a one-row list for a single process."""
+    if not dist.is_initialized():
+        return [list(values)]
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, tensor)
+    return [row.tolist() for row in gathered]
 
 
 def teardown() -> None:

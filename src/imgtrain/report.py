@@ -52,6 +52,7 @@ def summarise(
     # bounds a DDP step, also the max.
     summed = dist.all_reduce_sum([rate or 0.0, wait or 0.0], device)
     wait_max = dist.all_reduce_max([wait or 0.0], device)[0]
+    gpu_utils = [row[0] for row in dist.all_gather_floats([resources.get("gpu_util_mean") or -1.0], device)]
     val = state.get("val", {})
     return {
         "status": "ok",
@@ -65,6 +66,7 @@ def summarise(
         "step_time_ms": perf["step_time_ms"],
         "measured_steps": perf.get("measured_steps", 0),
         "gpu_util_mean": resources.get("gpu_util_mean"),
+        "gpu_util_mean_per_rank": [u if u >= 0 else None for u in gpu_utils],
         "gpu_mem_used_max_gb": resources.get("gpu_mem_used_max_gb"),
         "gpu_mem_peak_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
         "cpu_pct_mean": resources.get("cpu_pct_mean"),

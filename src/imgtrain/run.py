@@ -60,6 +60,7 @@ class Step:
     std: torch.Tensor
     non_blocking: bool
     label_smoothing: float
+    info: dist.DistInfo
 
     def to_device(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy a uint8 batch to the device, then convert and normalise there (4x fewer bytes than float)."""
@@ -80,7 +81,7 @@ def run(cfg: DictConfig) -> float:
     precision = resolve_precision(settings.trainer.precision, device)
     if not info.is_main:
         logging.getLogger().setLevel(logging.WARNING)  # other ranks print warnings and errors only
-    dist.setup(info, device)
+    dist.setup(info, device, settings.trainer.dist_timeout_s)
     try:
         summary = _train(cfg, settings, info, device, precision)
     finally:
@@ -120,9 +121,9 @@ def _build_model(
     return model, base, memory_format
 
 
-def _make_step(
-    cfg, settings: Config, base: nn.Module, bundle: Any, device, precision, memory_format, steps, pinned: bool
-) -> Step:
+def _make_step(cfg, settings: Config, base: nn.Module, bundle: Any, **kw) -> Step:
+    """Optimiser, LR schedule, scaler and input conversion; kw: device, precision, memory_format, steps, ..."""
+    device, precision, memory_format, steps = kw["device"], kw["precision"], kw["memory_format"], kw["steps"]
     optimizer = instantiate(cfg.optim, params=param_groups(base, settings.optim.weight_decay), _convert_="all")
     steps_per_epoch, total_steps = steps
     warmup = round(settings.trainer.lr_warmup_epochs * steps_per_epoch)
@@ -135,8 +136,9 @@ def _make_step(
         memory_format=memory_format,
         mean=torch.tensor(bundle.mean, device=device).view(1, 3, 1, 1) * 255.0,
         std=torch.tensor(bundle.std, device=device).view(1, 3, 1, 1) * 255.0,
-        non_blocking=pinned,  # an async copy needs page-locked memory; from pageable memory it is a sync copy
+        non_blocking=kw["pinned"],  # an async copy needs page-locked memory; from pageable memory it is a sync copy
         label_smoothing=settings.trainer.label_smoothing,
+        info=kw["info"],
     )
 
 
@@ -158,9 +160,10 @@ def _plan_loaders(settings: Config, device: torch.device, info: dist.DistInfo) -
 def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch.device, precision: str) -> dict:
     started = time.perf_counter()
     trainer = settings.trainer
-    out_dir = Path(settings.output_dir)
+    out_dir = Path(dist.broadcast_object(settings.output_dir, info))  # rank 0's run directory, on every rank
     _seed_everything(trainer.seed, trainer.deterministic)
-    bundle = instantiate(cfg.dataset, _convert_="all")
+    with dist.main_process_first(info):  # rank 0 generates `shapes` once; the others then reuse its files
+        bundle = instantiate(cfg.dataset, _convert_="all")
     log.info(
         "dataset %s: %d train / %d val images, %d classes, %d px",
         bundle.name,
@@ -193,11 +196,12 @@ def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch
         settings,
         base,
         bundle,
-        device,
-        precision,
-        memory_format,
-        (steps_per_epoch, total_steps),
+        device=device,
+        precision=precision,
+        memory_format=memory_format,
+        steps=(steps_per_epoch, total_steps),
         pinned=train_plan.kwargs["pin_memory"],
+        info=info,
     )
     log.info(
         "device %s, precision %s, world size %d, %d epoch(s) x %d steps (%d steps in all)",
@@ -306,16 +310,24 @@ def _log_window(meter, monitor, logger, global_step: int, step: Step, loss_sum, 
     if step.device.type == "cuda":
         metrics["gpu/mem_peak_gb"] = torch.cuda.max_memory_allocated(step.device) / 1e9
     steady = window is not None and bool(meter.windows) and meter.windows[-1] is window
-    if steady:  # warm-up windows are never reported as throughput
+    if window is not None and not steady:
+        monitor.reset_summary()  # a warm-up window just ended: resource means cover the steady state only
+    # One small collective per logging window (never per step): throughput is summed over ranks, data wait is
+    # averaged and its max kept (the slowest rank bounds a DDP step), GPU utilisation is kept per rank.
+    mine = [window.images_per_sec, window.data_wait_frac, window.step_time_ms] if steady else [0.0, 0.0, 0.0]
+    rows = dist.all_gather_floats([*mine, metrics.get("gpu/util_pct", -1.0)], step.device)
+    if steady:
         metrics.update(
             {
-                "perf/images_per_sec": window.images_per_sec,
-                "perf/data_wait_frac": window.data_wait_frac,
-                "perf/step_time_ms": window.step_time_ms,
+                "perf/images_per_sec": sum(row[0] for row in rows),
+                "perf/data_wait_frac": sum(row[1] for row in rows) / len(rows),
+                "perf/step_time_ms": max(row[2] for row in rows),
             }
         )
-    elif window is not None:
-        monitor.reset_summary()  # a warm-up window just ended: resource means cover the steady state only
+        if len(rows) > 1:
+            metrics["perf/data_wait_frac_max"] = max(row[1] for row in rows)
+    if len(rows) > 1:
+        metrics.update({f"gpu/util_pct/rank{r}": row[3] for r, row in enumerate(rows) if row[3] >= 0})
     logger.log(metrics, global_step)
     report.update_progress(bar, metrics, global_step)
 

@@ -1,0 +1,129 @@
+"""DDP on CPU (gloo): torchrun runs, one run directory, rank-0-only files, exact validation, sweeps, submitit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import FAST, run_torchrun, run_train
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from imgtrain import dist
+from imgtrain.config import ConfigError
+
+# 256 training images over 2 ranks of 32 = 4 steps per epoch; 65 validation images (odd: DistributedSampler
+# would pad one duplicate).
+DDP = [o for o in FAST if not o.startswith(("dataset.num_val", "data.num_workers", "trainer.epochs"))]
+DDP += ["dataset.num_val=65", "data.num_workers=0"]
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> tuple[Path, object]:
+    cwd = tmp_path_factory.mktemp("ddp")
+    result = run_torchrun(
+        [*DDP, "trainer.epochs=2"], cwd, data_dir
+    )  # no hydra.run.dir: the ranks must agree on outputs/<date>/<time>
+    assert result.returncode == 0, result.stderr[-4000:]
+    return cwd, result
+
+
+def _run_dirs(cwd: Path) -> list[Path]:
+    return [p for p in (cwd / "outputs").glob("*/*") if p.is_dir()]
+
+
+def test_one_run_directory_for_all_ranks(ddp_run) -> None:
+    cwd, _ = ddp_run
+    runs = _run_dirs(cwd)
+    assert len(runs) == 1, runs
+    assert (runs[0] / ".hydra" / "config.yaml").exists()
+
+
+def test_metrics_are_global(ddp_run) -> None:
+    cwd, _ = ddp_run
+    metrics = json.loads((_run_dirs(cwd)[0] / "metrics.json").read_text())
+    assert metrics["world_size"] == 2
+    assert metrics["batch_size_global"] == 64
+    assert metrics["steps"] == 8  # 2 epochs x (256 / 2 ranks / 32)
+    assert metrics["val_count"] == 65  # every validation image counted once, no padding duplicates
+    assert metrics["images_per_sec"] > metrics["images_per_sec_per_process"] > 0  # summed over ranks
+    assert metrics["data_wait_frac_max"] >= metrics["data_wait_frac"] >= 0
+    assert len(metrics["gpu_util_mean_per_rank"]) == 2
+
+
+def test_tensorboard_from_rank_zero_only(ddp_run) -> None:
+    cwd, _ = ddp_run
+    tb = _run_dirs(cwd)[0] / "tb"
+    assert len(list(tb.glob("events.out.tfevents.*"))) == 1
+    events = EventAccumulator(str(tb))
+    events.Reload()
+    assert {"perf/images_per_sec", "perf/data_wait_frac", "perf/data_wait_frac_max"} <= set(events.Tags()["scalars"])
+
+
+def test_other_ranks_print_warnings_only(ddp_run) -> None:
+    _, result = ddp_run
+    assert result.stdout.count("DataLoader (train):") == 1  # an INFO line: rank 0 alone prints it
+    assert result.stdout.count("Run summary") == 1
+
+
+def test_sweep_inside_torchrun(tmp_path: Path, data_dir: Path) -> None:
+    args = ["-m", "data.num_workers=0,1", *[o for o in DDP if not o.startswith("data.num_workers")]]
+    result = run_torchrun([*args, "trainer.epochs=1"], tmp_path, data_dir)
+    assert result.returncode == 0, result.stderr[-4000:]
+    sweeps = [p for p in (tmp_path / "outputs" / "multirun").glob("*/*") if p.is_dir()]
+    assert len(sweeps) == 1, sweeps
+    for job, workers in ((0, 0), (1, 1)):
+        metrics = json.loads((sweeps[0] / str(job) / "metrics.json").read_text())
+        assert metrics["world_size"] == 2 and metrics["loader"]["num_workers"] == workers
+        assert metrics["val_count"] == 65
+
+
+def test_submitit_local_with_two_tasks(tmp_path: Path, data_dir: Path) -> None:
+    sweep = tmp_path / "sweep"
+    args = ["-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}"]
+    result = run_train([*args, *DDP, "trainer.epochs=1"], tmp_path / "unused", data_dir, timeout=400)
+    assert result.returncode == 0, result.stderr[-4000:]
+    metrics = json.loads((sweep / "0" / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["val_count"] == 65
+    assert len(list((sweep / "0" / "tb").glob("events.out.tfevents.*"))) == 1
+
+
+def test_more_processes_than_gpus_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    info = dist.DistInfo(rank=1, local_rank=1, world_size=2, local_world_size=2)
+    with pytest.raises(ConfigError, match="2 processes on this node but only 1 GPU"):
+        dist.resolve_device("cuda", info)
+    with pytest.raises(ConfigError, match="2 processes on this node"):
+        dist.resolve_device("auto", dist.DistInfo(rank=0, local_rank=0, world_size=2, local_world_size=2))
+
+
+def test_dist_info_from_torchrun_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    assert dist.dist_info_from_env() == dist.DistInfo(rank=3, local_rank=1, world_size=4, local_world_size=2)
+
+
+def test_launch_time_is_shared_by_torchrun_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import psutil
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    dist.launch_time.cache_clear()
+    try:
+        # Every worker of one torchrun agent has that agent as its parent: the same time in each of them.
+        assert dist.launch_time().timestamp() == int(psutil.Process(os.getppid()).create_time())
+    finally:
+        dist.launch_time.cache_clear()
+
+
+def test_only_rank_zero_writes_hydra_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    from imgtrain.config import _rank_zero_only
+
+    monkeypatch.setenv("RANK", "0")
+    assert _rank_zero_only(".hydra") == ".hydra"
+    monkeypatch.setenv("RANK", "1")
+    assert _rank_zero_only(".hydra") is None
+    assert _rank_zero_only("run/train.log", "/dev/null") == "/dev/null"
