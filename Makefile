@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 NPROC ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install train ddp test test-all lint format clean
+.PHONY: help install train ddp sweep test test-all lint format clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -26,6 +26,9 @@ train: $(STAMP) ## Train a ResNet on the default `shapes` dataset (generated loc
 
 ddp: $(STAMP) ## Train with DDP: NPROC (default 2) processes via torchrun; gloo on CPU, nccl on GPUs
 	$(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
+
+sweep: $(STAMP) ## Sweep data.num_workers (0,1,2) for a fixed step budget; ends with sweep_summary.{csv,md,png}
+	$(BIN)/python train.py -m data.num_workers=0,1,2 trainer.max_steps=150 $(ARGS)
 
 test: $(STAMP) ## Run the fast test suite (slow tests: make test-all)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

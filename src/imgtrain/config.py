@@ -20,7 +20,7 @@ START_METHODS = ("fork", "spawn", "forkserver")
 ARCHS = ("resnet18", "resnet34", "resnet50")
 DEVICES = (AUTO, "cpu", "cuda")
 PRECISIONS = (AUTO, "fp32", "bf16", "fp16")
-MODES = ("train",)
+MODES = ("train", "loader", "compute")
 # Keys of metrics.json that `run` can return to a sweeper.
 OPTIMIZABLE = ("val_acc", "best_val_acc", "val_loss", "images_per_sec", "data_wait_frac", "step_time_ms")
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
@@ -169,7 +169,7 @@ class Config:
     data: DataConfig = MISSING
     optim: Any = MISSING
     trainer: TrainerConfig = MISSING
-    mode: str = "train"
+    mode: str = "train"  # train; loader: DataLoader + copy, no model; compute: model on a batch already on device
     optimized_metric: str = "val_acc"  # what run() returns to a sweeper: a key of metrics.json
     data_dir: str = "${oc.env:IMGTRAIN_DATA_DIR,'~/.cache/imgtrain'}"
     output_dir: str = "${hydra:runtime.output_dir}"

@@ -93,6 +93,36 @@ def summarise(
     }
 
 
+# Above this share of step time spent waiting for data, the run is called input-bound.
+INPUT_BOUND_WAIT = 0.10
+
+
+def suggest_next(summary: dict[str, Any]) -> str:
+    """The next loader setting worth trying when a run is input-bound."""
+    loader = summary["loader"]
+    workers = loader["num_workers"]
+    cpus_per_process = max(1, summary["cpu_count"] // max(1, summary["world_size"]))
+    if workers < cpus_per_process - 1:
+        return f"data.num_workers={min(max(1, 2 * workers), cpus_per_process - 1)}"
+    if summary["device"].startswith("cuda") and not loader["pin_memory"]:
+        return "data.pin_memory=true"
+    if workers and not loader.get("persistent_workers"):
+        return "data.persistent_workers=true"
+    if workers and (loader.get("prefetch_factor") or 2) < 4:
+        return "data.prefetch_factor=4"
+    return "fewer CPU cycles per image: pre-resized or smaller images, or decoding on the GPU"
+
+
+def verdict(summary: dict[str, Any]) -> str:
+    """Input-bound or compute-bound, from the share of step time spent waiting for data."""
+    wait = summary["data_wait_frac"]
+    if summary["mode"] != "train" or wait is None:
+        return ""
+    if wait > INPUT_BOUND_WAIT:
+        return f"input-bound: {wait:.0%} of step time waits for data; try {suggest_next(summary)}"
+    return f"compute-bound: only {wait:.0%} of step time waits for data; more loader workers will not help"
+
+
 def hparams(summary: dict[str, Any]) -> dict[str, Any]:
     """Loader settings (and what else defines the run) for TensorBoard's HParams tab."""
     params = {f"data/{k}": v for k, v in summary["loader"].items()}
@@ -117,6 +147,7 @@ def print_table(summary: dict[str, Any]) -> None:
         ("images/s (steady state)", _fmt(summary["images_per_sec"], ",.1f")),
         ("data wait (share of step)", _fmt(summary["data_wait_frac"], ".1%")),
         ("step time (ms)", _fmt(summary["step_time_ms"], ".1f")),
+        ("verdict", summary.get("verdict") or "n/a"),
         ("GPU util (mean %)", _fmt(summary["gpu_util_mean"], ".1f")),
         ("CPU (mean % of system)", _fmt(summary["cpu_pct_mean"], ".1f")),
         ("RSS peak incl. workers (GB)", _fmt(summary["rss_peak_gb"], ".2f")),
@@ -144,7 +175,7 @@ def progress_bar(total: int, epoch: int, setting: Any) -> tqdm:
 
 def update_progress(bar: tqdm, metrics: dict[str, float], global_step: int) -> None:
     """Show the latest window's figures on the bar (or as a log line when there is no bar)."""
-    shown = {"loss": f"{metrics['train/loss']:.3f}"}
+    shown = {"loss": f"{metrics['train/loss']:.3f}"} if "train/loss" in metrics else {}
     if "perf/images_per_sec" in metrics:
         shown["img/s"] = f"{metrics['perf/images_per_sec']:.0f}"
         shown["wait"] = f"{metrics['perf/data_wait_frac']:.0%}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import logging
 import math
 import random
@@ -15,12 +16,16 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from imgtrain import dist, report
+from imgtrain.cli import one_line
 from imgtrain.config import AUTO, Config, ConfigError, validate
 from imgtrain.loader import LoaderPlan, build_loader, plan_loader
 from imgtrain.metrics import MetricsLogger
@@ -61,6 +66,7 @@ class Step:
     non_blocking: bool
     label_smoothing: float
     info: dist.DistInfo
+    mode: str = "train"  # train; loader: input pipeline only, no model; compute: model only, one batch on device
 
     def to_device(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy a uint8 batch to the device, then convert and normalise there (4x fewer bytes than float)."""
@@ -73,8 +79,50 @@ class Step:
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
 
 
+class DeviceBatches:
+    """mode=compute: the same random uint8 batch, already on the device, `length` times per epoch."""
+
+    sampler = None
+
+    def __init__(self, batch: tuple[torch.Tensor, torch.Tensor], length: int) -> None:
+        self.batch, self.length = batch, length
+
+    @classmethod
+    def random(cls, bundle: Any, batch_size: int, length: int, device: torch.device) -> DeviceBatches:
+        size = (batch_size, 3, bundle.image_size, bundle.image_size)
+        images = torch.randint(0, 256, size, dtype=torch.uint8, device=device)
+        return cls((images, torch.randint(0, bundle.num_classes, (batch_size,), device=device)), length)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):
+        return itertools.repeat(self.batch, self.length)
+
+
 def run(cfg: DictConfig) -> float:
-    """Train as `cfg` says and return the metric named by `optimized_metric` (what a sweep optimises)."""
+    """Train as `cfg` says and return the metric named by `optimized_metric` (what a sweep optimises).
+
+    In a multirun, a job that fails leaves `failed.json` (with the reason) and returns NaN, so the sweep goes
+    on and its report shows the failure as a row; a single run raises as usual.
+    """
+    try:
+        return _run(cfg)
+    except Exception as error:
+        if not _in_multirun():
+            raise
+        message = one_line(error) if isinstance(error, HydraException) else f"{type(error).__name__}: {error}"
+        log.error("job failed: %s", message)
+        if dist.global_rank() == 0:
+            report.write_json(Path(HydraConfig.get().runtime.output_dir) / "failed.json", {"error": message})
+        return float("nan")
+
+
+def _in_multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _run(cfg: DictConfig) -> float:
     settings = validate(cfg)  # every value is checked before any data is touched
     info = dist.dist_info_from_env()
     device = dist.resolve_device(settings.trainer.device, info)
@@ -139,6 +187,7 @@ def _make_step(cfg, settings: Config, base: nn.Module, bundle: Any, **kw) -> Ste
         non_blocking=kw["pinned"],  # an async copy needs page-locked memory; from pageable memory it is a sync copy
         label_smoothing=settings.trainer.label_smoothing,
         info=kw["info"],
+        mode=settings.mode,
     )
 
 
@@ -187,6 +236,8 @@ def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch
             f"data.batch_size={settings.data.batch_size} is larger than the training split of "
             f"{len(bundle.train)} images with data.drop_last=true: lower it or set drop_last=false"
         )
+    if settings.mode == "compute":  # the compute ceiling: no loader at all, one batch already on the device
+        train_loader = DeviceBatches.random(bundle, train_plan.kwargs["batch_size"], len(train_loader), device)
     steps_per_epoch = len(train_loader)
     total_steps = min(trainer.epochs * steps_per_epoch, trainer.max_steps or math.inf)
     epochs = math.ceil(total_steps / steps_per_epoch)
@@ -224,6 +275,8 @@ def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch
             if isinstance(train_loader.sampler, torch.utils.data.DistributedSampler):
                 train_loader.sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on every rank
             train_epoch(model, train_loader, step, meter, monitor, logger, state, epoch, total_steps, settings)
+            if settings.mode != "train":
+                continue  # the ceiling modes measure speed only
             state["val"] = evaluate(model, val_loader, step)
             logger.log({"val/loss": state["val"]["val_loss"], "val/acc": state["val"]["val_acc"]}, state["step"])
             state["best_val_acc"] = max(state.get("best_val_acc", 0.0), state["val"]["val_acc"])
@@ -247,6 +300,7 @@ def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch
         settings=settings,
         wall_time_s=time.perf_counter() - started,
     )
+    summary["verdict"] = report.verdict(summary)
     if info.is_main:
         report.write_json(out_dir / "metrics.json", summary)
         logger.log_hparams(report.hparams(summary), report.hparam_metrics(summary))
@@ -274,19 +328,20 @@ def train_epoch(model, loader, step: Step, meter: StepMeter, monitor, logger, st
         wait = time.perf_counter() - wait_start
         images, labels = step.to_device(*batch)
 
-        with step.autocast():
-            logits = model(images)
-            loss = F.cross_entropy(logits, labels, label_smoothing=step.label_smoothing)
-        step.optimizer.zero_grad(set_to_none=True)
-        step.scaler.scale(loss).backward()
-        step.scaler.step(step.optimizer)
-        step.scaler.update()
-        step.scheduler.step()
+        if step.mode != "loader":  # mode=loader measures the input pipeline and the copy alone
+            with step.autocast():
+                logits = model(images)
+                loss = F.cross_entropy(logits, labels, label_smoothing=step.label_smoothing)
+            step.optimizer.zero_grad(set_to_none=True)
+            step.scaler.scale(loss).backward()
+            step.scaler.step(step.optimizer)
+            step.scaler.update()
+            step.scheduler.step()
+            loss_sum += loss.detach() * labels.shape[0]
+            correct += (logits.argmax(dim=1) == labels).sum()
 
         state["step"] += 1
         meter.add_step(labels.shape[0], wait)
-        loss_sum += loss.detach() * labels.shape[0]
-        correct += (logits.argmax(dim=1) == labels).sum()
         seen += labels.shape[0]
         bar.update(1)
         at_log_point = state["step"] % trainer.log_every_n_steps == 0 or state["step"] == trainer.warmup_steps
@@ -306,6 +361,8 @@ def _log_window(meter, monitor, logger, global_step: int, step: Step, loss_sum, 
     train_acc = correct.item() / seen
     window = meter.close_window()
     metrics = {"train/loss": train_loss, "train/acc": train_acc, "lr": step.scheduler.get_last_lr()[0]}
+    if step.mode == "loader":
+        metrics = {}  # no model: no loss, accuracy or learning rate
     metrics.update(monitor.window())
     if step.device.type == "cuda":
         metrics["gpu/mem_peak_gb"] = torch.cuda.max_memory_allocated(step.device) / 1e9
