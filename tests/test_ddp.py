@@ -87,6 +87,7 @@ def test_submitit_local_with_two_tasks(tmp_path: Path, data_dir: Path) -> None:
     metrics = json.loads((sweep / "0" / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["val_count"] == 65
     assert len(list((sweep / "0" / "tb").glob("events.out.tfevents.*"))) == 1
+    assert (sweep / "sweep_summary.csv").exists()  # the report callback also ends submitit sweeps
 
 
 def test_more_processes_than_gpus_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -82,3 +82,21 @@ def test_precision_the_device_cannot_do() -> None:
     with pytest.raises(ConfigError, match="trainer.precision=fp16"):
         resolve_precision("fp16", torch.device("cpu"))
     assert resolve_precision("auto", torch.device("cpu")) == "fp32"
+
+
+def test_workers_are_shut_down_when_a_job_ends(tmp_path: Path, data_dir: Path) -> None:
+    import psutil
+
+    overrides = [
+        "dataset=shapes",
+        "dataset.num_train=64",
+        "dataset.num_val=16",
+        "dataset.image_size=32",
+        "data.num_workers=2",
+        "data.persistent_workers=true",
+        "trainer.max_steps=3",
+    ]
+    before = {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. an earlier test's forkserver
+    _run(tmp_path, *overrides)
+    # The next job of an in-process sweep must not share the CPUs with this job's persistent workers.
+    assert [p for p in psutil.Process().children(recursive=True) if p.pid not in before] == []

@@ -206,31 +206,22 @@ def _plan_loaders(settings: Config, device: torch.device, info: dist.DistInfo) -
     return train_plan, val_plan
 
 
-def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch.device, precision: str) -> dict:
-    started = time.perf_counter()
-    trainer = settings.trainer
-    out_dir = Path(dist.broadcast_object(settings.output_dir, info))  # rank 0's run directory, on every rank
-    _seed_everything(trainer.seed, trainer.deterministic)
+def _build_data(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch.device, out_dir: Path):
+    """Dataset, train and val loaders, and the effective loader arguments (logged, and saved by rank 0)."""
+    seed = settings.trainer.seed
     with dist.main_process_first(info):  # rank 0 generates `shapes` once; the others then reuse its files
         bundle = instantiate(cfg.dataset, _convert_="all")
     log.info(
         "dataset %s: %d train / %d val images, %d classes, %d px",
-        bundle.name,
-        len(bundle.train),
-        len(bundle.val),
-        bundle.num_classes,
-        bundle.image_size,
+        *(bundle.name, len(bundle.train), len(bundle.val), bundle.num_classes, bundle.image_size),
     )
     train_plan, val_plan = _plan_loaders(settings, device, info)
     loader_args = {"train": train_plan.describe(), "val": val_plan.describe()}
     if info.is_main:
         report.write_json(out_dir / "loader_args.json", loader_args)
-    train_loader = build_loader(
-        bundle.train, train_plan, train=True, seed=trainer.seed, rank=info.rank, world_size=info.world_size
-    )
-    val_loader = build_loader(
-        bundle.val, val_plan, train=False, seed=trainer.seed, rank=info.rank, world_size=info.world_size
-    )
+    shard = {"rank": info.rank, "world_size": info.world_size}
+    train_loader = build_loader(bundle.train, train_plan, train=True, seed=seed, **shard)
+    val_loader = build_loader(bundle.val, val_plan, train=False, seed=seed, **shard)
     if len(train_loader) == 0:
         raise ConfigError(
             f"data.batch_size={settings.data.batch_size} is larger than the training split of "
@@ -238,6 +229,15 @@ def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch
         )
     if settings.mode == "compute":  # the compute ceiling: no loader at all, one batch already on the device
         train_loader = DeviceBatches.random(bundle, train_plan.kwargs["batch_size"], len(train_loader), device)
+    return bundle, train_loader, val_loader, loader_args
+
+
+def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch.device, precision: str) -> dict:
+    started = time.perf_counter()
+    trainer = settings.trainer
+    out_dir = Path(dist.broadcast_object(settings.output_dir, info))  # rank 0's run directory, on every rank
+    _seed_everything(trainer.seed, trainer.deterministic)
+    bundle, train_loader, val_loader, loader_args = _build_data(cfg, settings, info, device, out_dir)
     steps_per_epoch = len(train_loader)
     total_steps = min(trainer.epochs * steps_per_epoch, trainer.max_steps or math.inf)
     epochs = math.ceil(total_steps / steps_per_epoch)
@@ -251,7 +251,7 @@ def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch
         precision=precision,
         memory_format=memory_format,
         steps=(steps_per_epoch, total_steps),
-        pinned=train_plan.kwargs["pin_memory"],
+        pinned=loader_args["train"]["pin_memory"],
         info=info,
     )
     log.info(
