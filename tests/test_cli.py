@@ -41,14 +41,17 @@ def test_one_line_lists_group_options_without_schemas() -> None:
         ("data.prefetch_factor=0", "data.prefetch_factor=0 is invalid"),
         ("dataset=bogus", "cifar10, cifar100, imagefolder, shapes, synthetic"),
         ("data.no_such_key=1", "Key 'no_such_key' not in 'DataConfig'"),
+        ("dataset=cifar10", "download failed (offline?). Download cifar-10-python.tar.gz"),
+        ("dataset=imagefolder dataset.root=/no/such/dir", "dataset.root=/no/such/dir is not a directory"),
     ],
 )
 def test_bad_input_is_one_clear_line(override: str, expected: str, tmp_path: Path, data_dir: Path) -> None:
-    result = run_train([override], tmp_path / "run", data_dir, timeout=120)
+    result = run_train(override.split(), tmp_path / "run", data_dir, timeout=120)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and expected in errors[0], result.stderr
+    assert errors[0].count(expected) == 1  # said once, not repeated by a wrapping exception
     assert not (tmp_path / "run" / "metrics.json").exists()
 
 

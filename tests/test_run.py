@@ -100,3 +100,9 @@ def test_workers_are_shut_down_when_a_job_ends(tmp_path: Path, data_dir: Path) -
     _run(tmp_path, *overrides)
     # The next job of an in-process sweep must not share the CPUs with this job's persistent workers.
     assert [p for p in psutil.Process().children(recursive=True) if p.pid not in before] == []
+
+
+@pytest.mark.slow  # torch.compile builds C++ kernels on CPU: about a minute on 2 cores
+def test_compile(tmp_path: Path) -> None:
+    _, metrics = _run(tmp_path, "trainer.compile=true", "trainer.max_steps=3")
+    assert metrics["steps"] == 3 and math.isfinite(metrics["val_loss"])

@@ -23,6 +23,13 @@ _NOISE = (
 
 def one_line(error: BaseException) -> str:
     """Collapse a Hydra/OmegaConf error (and its cause) into one line that keeps the key and the choices."""
+    from imgtrain.config import ConfigError
+
+    inner: BaseException | None = error
+    while inner is not None:  # our own message, even when wrapped (e.g. by hydra.utils.instantiate)
+        if isinstance(inner, ConfigError):
+            return str(inner)
+        inner = inner.__cause__
     parts: list[str] = []
     options: list[str] = []
     for exc in (error, error.__cause__):
