@@ -163,12 +163,3 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor)
     return tensor.tolist()
-
-
-def all_reduce_max(values: list[float], device: torch.device) -> list[float]:
-    """Element-wise max over all ranks; the identity for a single process."""
-    if not dist.is_initialized():
-        return list(values)
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor.tolist()

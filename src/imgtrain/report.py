@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from imgtrain import dist
 from imgtrain.config import AUTO, Config
-from imgtrain.loader import available_cpus
+from imgtrain.loader import auto_num_workers, available_cpus
 
 
 def format_args(args: dict[str, Any]) -> str:
@@ -50,9 +50,10 @@ def summarise(
     measured = rate is not None
     # Global throughput is the sum over ranks; data wait is the mean over ranks and, since the slowest rank
     # bounds a DDP step, also the max.
-    summed = dist.all_reduce_sum([rate or 0.0, wait or 0.0], device)
-    wait_max = dist.all_reduce_max([wait or 0.0], device)[0]
-    gpu_utils = [row[0] for row in dist.all_gather_floats([resources.get("gpu_util_mean") or -1.0], device)]
+    rows = dist.all_gather_floats([rate or 0.0, wait or 0.0, resources.get("gpu_util_mean") or -1.0], device)
+    summed = [sum(row[0] for row in rows), sum(row[1] for row in rows)]
+    wait_max = max(row[1] for row in rows)
+    gpu_utils = [row[2] for row in rows]
     val = state.get("val", {})
     return {
         "status": "ok",
@@ -82,6 +83,7 @@ def summarise(
         "loader_val": loader_args["val"],
         "batch_size_global": loader_args["train"]["batch_size"] * info.world_size,
         "world_size": info.world_size,
+        "local_world_size": info.local_world_size,
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "precision": precision,
@@ -101,9 +103,9 @@ def suggest_next(summary: dict[str, Any]) -> str:
     """The next loader setting worth trying when a run is input-bound."""
     loader = summary["loader"]
     workers = loader["num_workers"]
-    cpus_per_process = max(1, summary["cpu_count"] // max(1, summary["world_size"]))
-    if workers < cpus_per_process - 1:
-        return f"data.num_workers={min(max(1, 2 * workers), cpus_per_process - 1)}"
+    most = auto_num_workers(summary.get("local_world_size", summary["world_size"]), cpus=summary["cpu_count"])
+    if workers < most:  # the same budget as num_workers=auto: this process's CPUs minus one for training
+        return f"data.num_workers={min(max(1, 2 * workers), most)}"
     if summary["device"].startswith("cuda") and not loader["pin_memory"]:
         return "data.pin_memory=true"
     if workers and not loader.get("persistent_workers"):
