@@ -5,7 +5,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from imgtrain.cli import run_guarded
+from imgtrain.cli import escalate_errors, run_guarded
 from imgtrain.config import register_configs
 from imgtrain.run import run
 
@@ -15,7 +15,8 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     """Train with the composed config; return the metric a sweeper optimises."""
-    return run(cfg)
+    with escalate_errors():  # one `error:` line for bad input, without Hydra's "Error executing job" line
+        return run(cfg)
 
 
 if __name__ == "__main__":  # the guard `spawn`/`forkserver` DataLoader workers need when they re-import this

@@ -33,26 +33,50 @@ def test_one_line_lists_group_options_without_schemas() -> None:
     )
 
 
-@pytest.mark.parametrize(
-    ("override", "expected"),
-    [
-        ("data.batch_size=abc", "data.batch_size=abc"),
-        ("data.num_workers=-1", "data.num_workers=-1 is invalid: expected an integer >= 0 or auto"),
-        ("data.prefetch_factor=0", "data.prefetch_factor=0 is invalid"),
-        ("dataset=bogus", "cifar10, cifar100, imagefolder, shapes, synthetic"),
-        ("data.no_such_key=1", "Key 'no_such_key' not in 'DataConfig'"),
-        ("dataset=cifar10", "download failed (offline?). Download cifar-10-python.tar.gz"),
-        ("dataset=imagefolder dataset.root=/no/such/dir", "dataset.root=/no/such/dir is not a directory"),
-    ],
-)
+# A fake CUDA with one GPU, for the cases a CPU-only machine could not otherwise reach.
+FAKE_ONE_GPU = "import torch; torch.cuda.is_available = lambda: True; torch.cuda.device_count = lambda: 1\n"
+# torchrun's variables for local rank 0 of 2 processes on this node (the check runs before any rendezvous).
+TWO_PROCESSES = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+
+BAD_INPUT = [
+    ("data.num_workers=-1", "data.num_workers=-1 is invalid: expected an integer >= 0 or auto"),
+    ("data.batch_size=0", "data.batch_size=0 is invalid: expected an integer >= 1"),
+    ("data.prefetch_factor=0", "data.prefetch_factor=0 is invalid: expected null or an integer >= 1"),
+    ("data.multiprocessing_context=threads", "accepted values are null, fork, spawn, forkserver"),
+    ("dataset=bogus", "Available options in 'dataset': cifar10, cifar100, imagefolder, shapes, synthetic"),
+    ("data.no_such_key=1", "Key 'no_such_key' not in 'DataConfig'"),
+    ("data.batch_size=abc", "data.batch_size=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+    ("trainer.precision=fp16", "trainer.precision=fp16 needs a CUDA device: on CPU use fp32 or bf16"),
+    ("trainer.device=cuda", "trainer.device=cuda but no CUDA GPU is visible: use trainer.device=auto or cpu"),
+    ("dataset=imagefolder dataset.root=/no/such/dir", "dataset.root=/no/such/dir is not a directory"),
+    ("dataset=imagefolder dataset.root={empty}", "has no class folders with images"),
+    ("dataset=imagefolder dataset.root={empty} dataset.val_fraction=1.5", "dataset.val_fraction=1.5 is invalid"),
+    ("trainer.device=cuda {fake_gpu}", "2 processes on this node but only 1 GPU(s) are visible"),
+    ("trainer.nonfinite=ignore", "trainer.nonfinite=ignore is invalid: accepted values are stop, skip"),
+    ("trainer.resume=/no/such.pt", "trainer.resume=/no/such.pt is invalid: expected auto, none or the path"),
+    ("data.max_bad_samples=-1", "data.max_bad_samples=-1 is invalid: expected null (no limit) or an integer >= 0"),
+    ("dataset=cifar10", "download failed (offline?). Download cifar-10-python.tar.gz"),
+]
+
+
+@pytest.mark.parametrize(("override", "expected"), BAD_INPUT, ids=[case[0].split()[-1] for case in BAD_INPUT])
 def test_bad_input_is_one_clear_line(override: str, expected: str, tmp_path: Path, data_dir: Path) -> None:
-    result = run_train(override.split(), tmp_path / "run", data_dir, timeout=120)
+    (tmp_path / "empty").mkdir()
+    env = {}
+    if "{fake_gpu}" in override:
+        (tmp_path / "sitecustomize.py").write_text(FAKE_ONE_GPU)
+        env = {**TWO_PROCESSES, "PYTHONPATH": str(tmp_path)}
+    args = override.replace("{fake_gpu}", "").replace("{empty}", str(tmp_path / "empty")).split()
+    run_dir = tmp_path / "run"
+    result = run_train(args, run_dir, data_dir, timeout=120, **env)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and expected in errors[0], result.stderr
-    assert errors[0].count(expected) == 1  # said once, not repeated by a wrapping exception
-    assert not (tmp_path / "run" / "metrics.json").exists()
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], result.stderr
+    assert lines[0].count(expected) == 1  # said once, not repeated by a wrapping exception
+    # Nothing that looks like a finished run: no metrics, no checkpoints, no TensorBoard events.
+    for leftover in ("metrics.json", "checkpoints", "tb"):
+        assert not (run_dir / leftover).exists(), leftover
 
 
 def test_full_error_env_keeps_the_traceback(tmp_path: Path, data_dir: Path) -> None:

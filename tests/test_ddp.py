@@ -128,3 +128,62 @@ def test_only_rank_zero_writes_hydra_files(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("RANK", "1")
     assert _rank_zero_only(".hydra") is None
     assert _rank_zero_only("run/train.log", "/dev/null") == "/dev/null"
+
+
+def test_preemption_stops_every_rank_and_a_torchrun_restart_resumes(tmp_path: Path, data_dir: Path) -> None:
+    """SIGTERM to one of two ranks: both save-and-stop at the same step; torchrun restarts them; they resume."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    from helpers import ROOT
+
+    args = [*DDP, "trainer.epochs=3", "trainer.ckpt_every_n_steps=2", "data.num_workers=1"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1"]
+    env = {**os.environ, "IMGTRAIN_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [*cmd, str(ROOT / "train.py"), *args],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 180
+    while not list(tmp_path.glob("outputs/*/*/checkpoints/last.pt")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.05)
+    ranks = [p for p in psutil.Process(proc.pid).children() if "train.py" in " ".join(p.cmdline())]
+    rank_one = next(p for p in ranks if p.environ().get("RANK") == "1")
+    rank_one.send_signal(signal.SIGTERM)  # one rank only: the other learns of it at the next step boundary
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output[-4000:]
+    stops = [
+        line.split("stopped at step ")[1].split(".")[0] for line in output.splitlines() if "stopped at step" in line
+    ]
+    assert len(stops) == 2 and stops[0] == stops[1], output[-4000:]  # both ranks, at the same step
+    assert "resuming from" in output and f": step {stops[0]}," in output
+    runs = _run_dirs(tmp_path)
+    assert len(runs) == 1  # the restarted workers found the same run directory
+    metrics = json.loads((runs[0] / "metrics.json").read_text())
+    assert metrics["steps"] == 12 and metrics["world_size"] == 2
+
+
+def test_a_nan_on_one_rank_is_skipped_on_every_rank(tmp_path: Path, data_dir: Path) -> None:
+    args = [*DDP, "trainer.epochs=1", "model._target_=faults.build_nan_model", "trainer.nonfinite=skip"]
+    import os
+
+    os.environ["PYTHONPATH"] = str(Path(__file__).parent)
+    os.environ["IMGTRAIN_FAULT_NAN_CALLS"], os.environ["IMGTRAIN_FAULT_RANK"] = "2", "1"
+    try:
+        result = run_torchrun(args, tmp_path, data_dir)
+    finally:
+        for key in ("PYTHONPATH", "IMGTRAIN_FAULT_NAN_CALLS", "IMGTRAIN_FAULT_RANK"):
+            os.environ.pop(key, None)
+    assert result.returncode == 0, result.stderr[-4000:]
+    metrics = json.loads((_run_dirs(tmp_path)[0] / "metrics.json").read_text())
+    assert metrics["nonfinite_steps"] == 1  # rank 0's loss was finite: it skipped because rank 1 said so
+    assert metrics["steps"] == 4

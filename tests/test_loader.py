@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from imgtrain.config import DataConfig
-from imgtrain.loader import ShardSampler, auto_num_workers, build_loader, plan_loader, seed_worker
+from imgtrain.loader import EpochSampler, ShardSampler, auto_num_workers, build_loader, init_worker, plan_loader
 
 
 def _dataset(n: int = 64) -> TensorDataset:
@@ -35,7 +35,7 @@ def test_worker_only_options_are_dropped_at_zero_workers(workers: int) -> None:
         assert plan.kwargs["prefetch_factor"] == 4 and plan.kwargs["persistent_workers"] is True
         assert plan.kwargs["multiprocessing_context"] == "spawn"
     loader = build_loader(_dataset(), plan, train=True, seed=0)
-    assert sum(len(labels) for _, labels in loader) == 64  # it really iterates, workers or not
+    assert sum(len(batch.labels) for batch in loader) == 64  # it really iterates, workers or not
 
 
 def test_pin_memory_is_turned_off_without_cuda() -> None:
@@ -50,7 +50,7 @@ def test_val_loader_keeps_every_sample_and_doubles_the_batch() -> None:
     assert plan.kwargs["drop_last"] is False and plan.kwargs["shuffle"] is False
     assert plan.kwargs["batch_size"] == 20
     loader = build_loader(_dataset(65), plan, train=False, seed=0)
-    assert sum(len(labels) for _, labels in loader) == 65
+    assert sum(len(batch.labels) for batch in loader) == 65
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_distributed_sampler_auto_follows_world_size() -> None:
     assert not single.use_distributed_sampler and multi.use_distributed_sampler and forced.use_distributed_sampler
     loaders = [build_loader(_dataset(), multi, train=True, seed=0, rank=r, world_size=2) for r in range(2)]
     assert all(isinstance(loader.sampler, DistributedSampler) for loader in loaders)
-    seen = [torch.cat([x for x, _ in loader]).view(-1).tolist() for loader in loaders]
+    seen = [torch.cat([batch.images for batch in loader]).view(-1).tolist() for loader in loaders]
     assert not set(seen[0]) & set(seen[1]) and len(seen[0]) + len(seen[1]) == 64
 
 
@@ -85,7 +85,7 @@ def test_ranks_see_disjoint_samples_covering_the_dataset_every_epoch() -> None:
     for epoch in range(2):
         for loader in loaders:
             loader.sampler.set_epoch(epoch)  # as the training loop does every epoch
-        seen = [torch.cat([x for x, _ in loader]).view(-1).int().tolist() for loader in loaders]
+        seen = [torch.cat([batch.images for batch in loader]).view(-1).int().tolist() for loader in loaders]
         assert not set(seen[0]) & set(seen[1])
         assert sorted(seen[0] + seen[1]) == list(range(64))
         orders.append(seen[0])
@@ -99,21 +99,29 @@ def test_shard_sampler_counts_each_sample_once() -> None:
 
 def test_same_seed_same_order() -> None:
     plan = plan_loader(DataConfig(num_workers=0, batch_size=8), train=True, device_type="cpu")
-    orders = [[x.view(-1).tolist() for x, _ in build_loader(_dataset(), plan, train=True, seed=s)] for s in (1, 1, 2)]
+    loaders = [build_loader(_dataset(), plan, train=True, seed=s) for s in (1, 1, 2)]
+    orders = [[batch.images.view(-1).tolist() for batch in loader] for loader in loaders]
     assert orders[0] == orders[1] and orders[0] != orders[2]
 
 
-def test_seed_worker_seeds_numpy_and_random() -> None:
+def test_init_worker_seeds_numpy_and_random() -> None:
     import random
+    import signal
 
     import numpy as np
 
-    torch.manual_seed(1234)
-    seed_worker(0)
-    first = (np.random.rand(), random.random())
-    torch.manual_seed(1234)
-    seed_worker(0)
-    assert (np.random.rand(), random.random()) == first
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
+    try:
+        torch.manual_seed(1234)
+        init_worker(0)
+        first = (np.random.rand(), random.random())
+        torch.manual_seed(1234)
+        init_worker(0)
+        assert (np.random.rand(), random.random()) == first
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN  # a job-wide SIGUSR1 must not kill workers
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
 
 
 def test_describe_is_json_friendly() -> None:
@@ -133,7 +141,44 @@ def test_worker_seeding_makes_augmentation_reproducible(tmp_path) -> None:
 
     def first_batches(seed: int) -> torch.Tensor:
         loader = build_loader(bundle.train, plan, train=True, seed=seed)
-        return torch.cat([images for images, _ in loader])
+        return torch.cat([batch.images for batch in loader])
 
     assert torch.equal(first_batches(7), first_batches(7))  # same seed: same crops and flips in the workers
     assert not torch.equal(first_batches(7), first_batches(8))
+
+
+def test_augmentation_does_not_depend_on_the_worker_count(tmp_path) -> None:
+    """Each sample's crop and flip come from its own seed: a num_workers sweep changes speed, not the math."""
+    from imgtrain.datasets import build_shapes
+
+    bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, True, str(tmp_path), 40, 10, 0)
+
+    def epoch_images(workers: int, epoch: int) -> torch.Tensor:
+        data = DataConfig(num_workers=workers, batch_size=8, persistent_workers=False)
+        loader = build_loader(bundle.train, plan_loader(data, train=True, device_type="cpu"), train=True, seed=3)
+        loader.sampler.set_epoch(epoch)
+        return torch.cat([batch.images for batch in loader])
+
+    reference = epoch_images(0, 0)
+    assert torch.equal(reference, epoch_images(1, 0)) and torch.equal(reference, epoch_images(2, 0))
+    assert not torch.equal(reference, epoch_images(0, 1))  # a new epoch: a new order and new augmentations
+
+
+@pytest.mark.parametrize(("world_size", "consumed"), [(1, 0), (1, 24), (2, 16), (2, 48), (3, 18)])
+def test_epoch_sampler_resumes_exactly_where_it_stopped(world_size: int, consumed: int) -> None:
+    """Skipping `consumed` samples (a whole number of global batches) gives the rest of the same epoch."""
+
+    def shards(start: int) -> list[list[tuple[int, int]]]:
+        out = []
+        for rank in range(world_size):
+            sampler = EpochSampler(50, num_replicas=world_size, rank=rank, shuffle=True, seed=5, drop_last=True)
+            sampler.set_epoch(2, start=start // world_size)
+            out.append(list(sampler))
+        return out
+
+    full, resumed = shards(0), shards(consumed)
+    for rank in range(world_size):
+        assert resumed[rank] == full[rank][consumed // world_size :]
+        assert len(resumed[rank]) == len(full[rank]) - consumed // world_size
+    seeds = [seed for shard in full for _, seed in shard]
+    assert len(set(seeds)) == len(seeds)  # every sample of the epoch has its own augmentation seed

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
@@ -23,11 +24,11 @@ _NOISE = (
 
 def one_line(error: BaseException) -> str:
     """Collapse a Hydra/OmegaConf error (and its cause) into one line that keeps the key and the choices."""
-    from imgtrain.config import ConfigError
+    from imgtrain.config import RunError
 
     inner: BaseException | None = error
     while inner is not None:  # our own message, even when wrapped (e.g. by hydra.utils.instantiate)
-        if isinstance(inner, ConfigError):
+        if isinstance(inner, RunError):
             return str(inner)
         inner = inner.__cause__
     parts: list[str] = []
@@ -55,21 +56,70 @@ def one_line(error: BaseException) -> str:
     return text
 
 
-def run_guarded(main: Callable[[], object]) -> int:
-    """Run a `@hydra.main` function; config errors print one line to stderr and exit with status 2.
+def _is_run_failure(error: BaseException) -> bool:
+    """A failure during training (exit status 1), as opposed to bad input (status 2)."""
+    from imgtrain.config import ConfigError, RunError
 
+    inner: BaseException | None = error
+    while inner is not None:
+        if isinstance(inner, RunError):
+            return not isinstance(inner, ConfigError)
+        inner = inner.__cause__
+    return False
+
+
+class _Escalated(BaseException):
+    """Carries an error out of the task function past Hydra's "Error executing job" report (it catches Exception)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+_guarded = False  # run_guarded is in charge of printing errors (the user did not ask for HYDRA_FULL_ERROR)
+
+
+@contextlib.contextmanager
+def escalate_errors() -> Iterator[None]:
+    """Wrap the task function's body: errors with a one-line message reach run_guarded without Hydra's extra line."""
+    try:
+        yield
+    except (HydraException, OmegaConfBaseException) as error:
+        if not _guarded:
+            raise
+        raise _Escalated(error) from error
+
+
+def run_guarded(main: Callable[[], object]) -> int:
+    """Run a `@hydra.main` function; errors the user can act on print one line to stderr.
+
+    Exit status: 2 for bad input (config, paths), 1 for a failure during training (bad data, NaN loss, a
+    DataLoader crash), 128 + N after stop signal N (checkpoint saved; schedulers treat it as requeue-able).
     HYDRA_FULL_ERROR=1 (set by the user) keeps Hydra's full traceback, as Hydra documents.
     """
+    from imgtrain.guards import Preempted
+
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        main()
+        try:
+            main()
+        except Preempted as stop:
+            print(f"stopped: {stop}", file=sys.stderr, flush=True)
+            return stop.exit_code
         return 0
     # Ask Hydra to re-raise instead of printing its own multi-line report, so it can be shortened here.
+    global _guarded
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    _guarded = True
     try:
         main()
-    except (HydraException, OmegaConfBaseException) as error:
+    except Preempted as stop:
+        print(f"stopped: {stop}", file=sys.stderr, flush=True)
+        return stop.exit_code
+    except (_Escalated, HydraException, OmegaConfBaseException) as caught:
+        error = caught.error if isinstance(caught, _Escalated) else caught
         print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
-        return 2
+        return 1 if _is_run_failure(error) else 2
     finally:
         os.environ.pop("HYDRA_FULL_ERROR", None)
+        _guarded = False
     return 0

@@ -21,14 +21,20 @@ ARCHS = ("resnet18", "resnet34", "resnet50")
 DEVICES = (AUTO, "cpu", "cuda")
 PRECISIONS = (AUTO, "fp32", "bf16", "fp16")
 MODES = ("train", "loader", "compute")
+NONFINITE = ("stop", "skip")
+RESUME_KEYWORDS = (AUTO, "none")
 # Keys of metrics.json that `run` can return to a sweeper.
 OPTIMIZABLE = ("val_acc", "best_val_acc", "val_loss", "images_per_sec", "data_wait_frac", "step_time_ms")
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
 
 
-class ConfigError(CompactHydraException):
-    """A bad setting. Hydra prints it as one line, without a traceback (unless HYDRA_FULL_ERROR=1)."""
+class RunError(CompactHydraException):
+    """A failure the user can act on, printed as one line without a traceback (unless HYDRA_FULL_ERROR=1)."""
+
+
+class ConfigError(RunError):
+    """A bad setting: detected before any work starts (exit status 2)."""
 
 
 # ----------------------------------------------------------------------------- data (the DataLoader)
@@ -48,6 +54,7 @@ class DataConfig:
     timeout: float = 0.0  # seconds to wait for a batch from a worker before raising; 0 = forever
     seed_workers: bool = True  # seed python/numpy/torch in each worker so augmentation is reproducible
     val_batch_size: int | None = None  # null = 2 x batch_size (no activations kept for backward)
+    max_bad_samples: int | None = 100  # unreadable images to skip (each read counts) before stopping; null = no limit
 
 
 # ----------------------------------------------------------------------------- datasets
@@ -160,6 +167,10 @@ class TrainerConfig:
     progress_bar: Any = AUTO  # auto (only on a terminal), true or false
     monitor_interval_s: float = 0.5  # how often the background thread samples NVML, CPU and RSS
     dist_timeout_s: float = 600.0  # process-group timeout: how long a rank waits for the others in a collective
+    resume: str = AUTO  # auto (the run directory's checkpoints/last.pt, if any), none, or a checkpoint path
+    save_checkpoints: bool = True  # last.pt, last.prev.pt and best.pt under <run dir>/checkpoints (mode=train)
+    ckpt_every_n_steps: int = 200  # also written at every epoch end and on SIGTERM/SIGUSR1; 0 = only then
+    nonfinite: str = "stop"  # a NaN/inf loss: stop (keep the last good checkpoint) or skip the step (counted)
 
 
 @dataclass
@@ -186,7 +197,11 @@ def register_configs() -> None:
     """Store the schemas so the YAML files in conf/ can name them as their base (`- base_...`)."""
     from imgtrain.dist import launch_time
 
-    OmegaConf.register_new_resolver("launch_time", lambda fmt: launch_time().strftime(fmt), replace=True)
+    # use_cache, as Hydra's own `now`: the value travels with the pickled config to submitit jobs, requeued
+    # ones included, so they find the same run directory (and resume from its checkpoints).
+    OmegaConf.register_new_resolver(
+        "launch_time", lambda fmt: launch_time().strftime(fmt), replace=True, use_cache=True
+    )
     OmegaConf.register_new_resolver("rank_zero_only", _rank_zero_only, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
@@ -230,6 +245,8 @@ def _check_data(data: DataConfig) -> None:
         raise _fail("data.num_workers", data.num_workers, "expected an integer >= 0 or auto")
     if data.prefetch_factor is not None and data.prefetch_factor < 1:
         raise _fail("data.prefetch_factor", data.prefetch_factor, "expected null or an integer >= 1")
+    if data.max_bad_samples is not None and data.max_bad_samples < 0:
+        raise _fail("data.max_bad_samples", data.max_bad_samples, "expected null (no limit) or an integer >= 0")
     if data.timeout < 0:
         raise _fail("data.timeout", data.timeout, "expected seconds >= 0 (0 waits forever)")
     _check_auto_bool("data.distributed_sampler", data.distributed_sampler)
@@ -274,6 +291,11 @@ def _check_trainer(tr: TrainerConfig) -> None:
         raise _fail("trainer.dist_timeout_s", tr.dist_timeout_s, "expected seconds > 0")
     if tr.monitor_interval_s <= 0:
         raise _fail("trainer.monitor_interval_s", tr.monitor_interval_s, "expected seconds > 0")
+    if tr.ckpt_every_n_steps < 0:
+        raise _fail("trainer.ckpt_every_n_steps", tr.ckpt_every_n_steps, "expected an integer >= 0 (0 = epoch ends)")
+    _check_choice("trainer.nonfinite", tr.nonfinite, NONFINITE)
+    if tr.resume not in RESUME_KEYWORDS and not os.path.isfile(os.path.expanduser(tr.resume)):
+        raise _fail("trainer.resume", tr.resume, "expected auto, none or the path of an existing checkpoint file")
     _check_choice("trainer.device", tr.device, DEVICES)
     _check_choice("trainer.precision", tr.precision, PRECISIONS)
     _check_auto_bool("trainer.channels_last", tr.channels_last)

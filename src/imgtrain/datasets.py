@@ -35,6 +35,10 @@ warnings.filterwarnings("ignore", message="The image decoding and encoding capab
 LAYOUT_HINT = "expected root/<class>/*.jpg or root/train/<class>/ and root/val/<class>/"
 
 
+class CorruptSampleError(Exception):
+    """An image file that cannot be read or decoded; the message starts with its path."""
+
+
 @dataclass
 class DatasetBundle:
     """Train and val datasets plus what the model and the on-device normalisation need."""
@@ -99,8 +103,13 @@ class ImageFileDataset(Dataset):
         return os.fsdecode(self.paths[index])
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = self.transform(decode_file(self.path(index)))
-        return image.contiguous(), int(self.labels[index])
+        path = self.path(index)
+        try:
+            raw = decode_file(path)
+        except (OSError, RuntimeError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise CorruptSampleError(f"{path}: {reason}") from None
+        return self.transform(raw).contiguous(), int(self.labels[index])
 
 
 class TensorImageDataset(Dataset):

@@ -115,7 +115,9 @@ def setup(info: DistInfo, device: torch.device, timeout_s: float = 600.0) -> Non
     # A sweep inside torchrun sets up one process group per job in the same processes. Every rank runs the
     # same jobs in the same order, so a per-job key prefix keeps each group's rendezvous keys apart; without
     # it the second group would read the first one's stale addresses from the shared store.
-    store = dist.PrefixStore(f"imgtrain/job{next(_job_counter)}", _rendezvous_store(timeout_s))
+    # torchrun --max-restarts starts new workers against the same agent store: the restart count keeps apart too.
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"imgtrain/r{restart}/job{next(_job_counter)}", _rendezvous_store(timeout_s))
     dist.init_process_group(
         backend=backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timedelta(seconds=timeout_s)
     )
@@ -128,6 +130,12 @@ def main_process_first(info: DistInfo) -> Iterator[None]:
         dist.barrier()
     yield
     if info.enabled and info.is_main:
+        dist.barrier()
+
+
+def barrier() -> None:
+    """Wait for every rank; a no-op for a single process."""
+    if dist.is_initialized():
         dist.barrier()
 
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, default_collate, get_worker_info
 
 from imgtrain.config import AUTO, DataConfig
+from imgtrain.datasets import CorruptSampleError
+from imgtrain.guards import worker_signals
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +39,24 @@ def auto_num_workers(local_world_size: int = 1, cpus: int | None = None) -> int:
     return max(0, min(MAX_AUTO_WORKERS, share - 1))
 
 
-def seed_worker(worker_id: int) -> None:
-    """Seed Python and NumPy in each worker from the per-worker torch seed the DataLoader already derived."""
-    seed = torch.initial_seed() % 2**32
-    np.random.seed(seed)
-    random.seed(seed)
+def init_worker(worker_id: int, seed_workers: bool = True) -> None:
+    """Each worker: outlive a job-wide stop signal (see guards), and seed Python and NumPy from torch's seed."""
+    worker_signals()
+    if seed_workers:
+        seed = torch.initial_seed() % 2**32  # the per-worker seed the DataLoader already derived
+        np.random.seed(seed)
+        random.seed(seed)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A well-mixed 63-bit seed for one sample in one epoch (splitmix64's finaliser)."""
+    x = (seed * 0x9E3779B97F4A7C15 + epoch * 0xD1B54A32D192ED03 + index) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) >> 1
 
 
 @dataclass
@@ -51,11 +67,13 @@ class LoaderPlan:
     notes: list[str] = field(default_factory=list)
     use_distributed_sampler: bool = False
 
+    seed_workers: bool = True
+
     def describe(self) -> dict[str, Any]:
         """JSON-friendly view of the arguments (for logs, metrics.json and TensorBoard hparams)."""
         shown = {k: v for k, v in self.kwargs.items() if k not in ("worker_init_fn", "generator")}
         shown["distributed_sampler"] = self.use_distributed_sampler
-        shown["seed_workers"] = self.kwargs.get("worker_init_fn") is not None
+        shown["seed_workers"] = self.seed_workers
         return shown
 
 
@@ -96,12 +114,11 @@ def plan_loader(
         if ignored:
             notes.append(f"data.num_workers=0: ignoring {', '.join(ignored)} (they need worker processes)")
         kwargs["timeout"] = 0
-    if data.seed_workers:
-        kwargs["worker_init_fn"] = seed_worker
+    kwargs["worker_init_fn"] = functools.partial(init_worker, seed_workers=data.seed_workers)
     use_sampler = data.distributed_sampler is True or (data.distributed_sampler == AUTO and world_size > 1)
     if use_sampler and train and data.shuffle:
         notes.append("DistributedSampler shuffles the training set: the DataLoader itself does not")
-    return LoaderPlan(kwargs=kwargs, notes=notes, use_distributed_sampler=use_sampler)
+    return LoaderPlan(kwargs=kwargs, notes=notes, use_distributed_sampler=use_sampler, seed_workers=data.seed_workers)
 
 
 def _worker_only_settings(data: DataConfig) -> list[str]:
@@ -116,6 +133,85 @@ def _worker_only_settings(data: DataConfig) -> list[str]:
     if data.timeout:
         ignored.append(f"data.timeout={data.timeout}")
     return ignored
+
+
+class Batch(NamedTuple):
+    """What the loaders yield: uint8 images [B, 3, H, W], labels [B], and the unreadable files replaced."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    skipped: tuple[str, ...] = ()
+
+
+def collate(items: list[tuple[torch.Tensor, int, tuple[str, ...]]]) -> Batch:
+    """default_collate for images and labels (it stacks into shared memory inside a worker), plus the skips."""
+    images, labels = default_collate([(image, label) for image, label, _ in items])
+    return Batch(images, labels, tuple(reason for *_, skipped in items for reason in skipped))
+
+
+class GuardedSamples(Dataset):
+    """Wraps a dataset: seeds augmentation per sample, and replaces an unreadable image with the next readable one.
+
+    Replacing (rather than dropping) keeps every batch the same shape, which BatchNorm, DDP and torch.compile
+    prefer; the replaced file is reported with the batch and counted against data.max_bad_samples.
+    """
+
+    MAX_IN_A_ROW = 16  # more consecutive unreadable files than this is a broken dataset, not a bad file
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, int, tuple[str, ...]]:
+        index, seed = item if isinstance(item, tuple) else (item, None)
+        skipped: list[str] = []
+        for _ in range(self.MAX_IN_A_ROW):
+            try:
+                image, label = self._load(index, seed)
+                return image, label, tuple(skipped)
+            except CorruptSampleError as error:
+                skipped.append(str(error))
+                index = (index + 1) % len(self.dataset)
+        raise CorruptSampleError(f"{self.MAX_IN_A_ROW} unreadable images in a row, the last one {skipped[-1]}")
+
+    def _load(self, index: int, seed: int | None) -> tuple[torch.Tensor, int]:
+        if seed is None:
+            return self.dataset[index]
+        # torchvision's random transforms draw from torch's default CPU generator. Seeding only that one:
+        # torch.manual_seed would also queue a CUDA re-seed and format a stack trace, ~90 us per call.
+        if get_worker_info() is None:  # in the training process: leave its own random stream untouched
+            with torch.random.fork_rng(devices=[]):
+                torch.random.default_generator.manual_seed(seed)
+                return self.dataset[index]
+        torch.random.default_generator.manual_seed(seed)
+        return self.dataset[index]
+
+
+class EpochSampler(DistributedSampler):
+    """DistributedSampler's order and sharding, resumable mid-epoch, yielding (index, augmentation seed) pairs.
+
+    PyTorch's samplers cannot start part-way through an epoch, and with workers the random augmentations
+    depend on which worker drew which batch. A seed per (seed, epoch, sample) makes augmentation independent
+    of num_workers and of restarts: a resumed run is bit-identical, and a worker sweep changes speed only.
+    """
+
+    def __init__(self, dataset_len: int, *, num_replicas: int, rank: int, shuffle: bool, seed: int, drop_last: bool):
+        super().__init__(range(dataset_len), num_replicas, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Epoch `epoch`'s order (the same on every rank), skipping this rank's first `start` samples."""
+        super().set_epoch(epoch)
+        self.start = start
+
+    def __iter__(self):
+        indices = list(super().__iter__())[self.start :]
+        return iter([(index, sample_seed(self.seed, self.epoch, index)) for index in indices])
+
+    def __len__(self) -> int:
+        return max(0, self.num_samples - self.start)
 
 
 class ShardSampler(Sampler[int]):
@@ -138,21 +234,21 @@ class ShardSampler(Sampler[int]):
 def build_loader(
     dataset: Dataset, plan: LoaderPlan, *, train: bool, seed: int, rank: int = 0, world_size: int = 1
 ) -> DataLoader:
-    """Build the DataLoader for `plan`; the sampler (if any) is chosen here so shuffle stays consistent."""
+    """Build the DataLoader for `plan`: the training split gets an EpochSampler (sharded under DDP)."""
     kwargs = dict(plan.kwargs)
+    shuffle = kwargs.pop("shuffle")
     generator = torch.Generator()
-    generator.manual_seed(seed + rank)  # same seed => same shuffling order and same worker seeds
-    if plan.use_distributed_sampler and train:
-        shuffle = kwargs.pop("shuffle")
-        kwargs["sampler"] = DistributedSampler(
-            dataset,
-            num_replicas=world_size,
-            rank=rank,
+    generator.manual_seed(seed + rank)  # the workers' base seed (Python and NumPy in init_worker)
+    if train:
+        shard = plan.use_distributed_sampler  # off under DDP: every rank reads the whole set, in its own order
+        kwargs["sampler"] = EpochSampler(
+            len(dataset),
+            num_replicas=world_size if shard else 1,
+            rank=rank if shard else 0,
             shuffle=shuffle,
-            seed=seed,
+            seed=seed if shard else seed + rank,
             drop_last=kwargs["drop_last"],
         )
-    elif world_size > 1 and not train:
-        kwargs.pop("shuffle")
+    elif world_size > 1:
         kwargs["sampler"] = ShardSampler(len(dataset), rank, world_size)
-    return DataLoader(dataset, generator=generator, **kwargs)
+    return DataLoader(GuardedSamples(dataset), generator=generator, collate_fn=collate, **kwargs)

@@ -35,7 +35,7 @@ def flatten_hparams(hparams: Mapping[str, Any], prefix: str = "") -> dict[str, b
 class MetricsLogger:
     """TensorBoard logger; with enabled=False (non-zero ranks) it is a no-op that creates nothing."""
 
-    def __init__(self, log_dir: str | None, enabled: bool = True) -> None:
+    def __init__(self, log_dir: str | None, enabled: bool = True, purge_step: int | None = None) -> None:
         self.enabled = enabled and log_dir is not None
         self.log_dir = log_dir
         self._writer: Any = None
@@ -43,7 +43,8 @@ class MetricsLogger:
             # Imported lazily so disabled ranks never pay for (or depend on) tensorboard.
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=log_dir)
+            # purge_step: events an earlier, interrupted writer logged at steps >= purge_step are hidden.
+            self._writer = SummaryWriter(log_dir=log_dir, purge_step=purge_step)
 
     def log(self, metrics: Mapping[str, float | int | None], step: int) -> None:
         """Write one scalar per key at `step`; None values are skipped."""

@@ -35,7 +35,7 @@ def summarise(
     *,
     meter,
     monitor,
-    state,
+    progress,
     info: dist.DistInfo,
     device,
     precision,
@@ -54,7 +54,7 @@ def summarise(
     summed = [sum(row[0] for row in rows), sum(row[1] for row in rows)]
     wait_max = max(row[1] for row in rows)
     gpu_utils = [row[2] for row in rows]
-    val = state.get("val", {})
+    val = progress.val
     return {
         "status": "ok",
         "mode": settings.mode,
@@ -76,8 +76,10 @@ def summarise(
         "val_acc": val.get("val_acc"),
         "val_loss": val.get("val_loss"),
         "val_count": val.get("val_count"),
-        "best_val_acc": state.get("best_val_acc"),
-        "steps": state["step"],
+        "best_val_acc": progress.best_val_acc,
+        "steps": progress.step,
+        "skipped_samples": progress.skipped_samples,
+        "nonfinite_steps": progress.nonfinite_steps,
         "wall_time_s": wall_time_s,
         "loader": loader_args["train"],
         "loader_val": loader_args["val"],

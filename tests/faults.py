@@ -1,0 +1,35 @@
+"""Fault injection for subprocess tests: a model whose loss turns NaN at chosen training steps.
+
+Used as `model._target_=faults.build_nan_model` with tests/ on PYTHONPATH. IMGTRAIN_FAULT_NAN_CALLS lists the
+1-based training forward passes that return NaN logits; IMGTRAIN_FAULT_RANK limits that to one rank.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from imgtrain.models import build_model
+
+
+class NaNAt(nn.Module):
+    def __init__(self, net: nn.Module, calls: set[int], rank: int | None) -> None:
+        super().__init__()
+        self.net, self.calls, self.rank, self.count = net, calls, rank, 0
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        logits = self.net(images)
+        if not self.training:
+            return logits
+        self.count += 1
+        mine = self.rank is None or self.rank == int(os.environ.get("RANK", "0"))
+        return logits * float("nan") if mine and self.count in self.calls else logits
+
+
+def build_nan_model(arch: str, num_classes: int, cifar_stem: bool, zero_init_residual: bool) -> nn.Module:
+    calls = {int(c) for c in os.environ.get("IMGTRAIN_FAULT_NAN_CALLS", "").split(",") if c}
+    rank = os.environ.get("IMGTRAIN_FAULT_RANK")
+    net = build_model(arch=arch, num_classes=num_classes, cifar_stem=cifar_stem, zero_init_residual=zero_init_residual)
+    return NaNAt(net, calls, int(rank) if rank else None)

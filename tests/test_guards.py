@@ -1,0 +1,119 @@
+"""DataLoader failures explained, stop signals recorded, and the per-step agreement."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from imgtrain import guards
+from imgtrain.config import DataConfig, RunError
+from imgtrain.loader import GuardedSamples, build_loader, collate, plan_loader
+
+
+class _Faulty(Dataset):
+    """Item 0 of the epoch makes the worker die by `signum`, or hang for `sleep_s`."""
+
+    def __init__(self, signum: int = 0, sleep_s: float = 0.0) -> None:
+        self.signum, self.sleep_s = signum, sleep_s
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if self.signum:
+            os.kill(os.getpid(), self.signum)
+            time.sleep(5)
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return torch.zeros(3, 4, 4, dtype=torch.uint8), 0
+
+
+def _first_batch(dataset: Dataset, **data: object) -> None:
+    settings = DataConfig(num_workers=1, batch_size=4, persistent_workers=False, **data)
+    loader = build_loader(dataset, plan_loader(settings, train=True, device_type="cpu"), train=True, seed=0)
+    guards.next_batch(iter(loader), settings)
+
+
+@pytest.mark.parametrize(
+    ("signum", "expected"),
+    [
+        (signal.SIGBUS, ["Bus error", "/dev/shm", "--shm-size", "data.num_workers"]),
+        (signal.SIGKILL, ["Killed", "out-of-memory", "data.num_workers", "data.persistent_workers=false"]),
+        (signal.SIGSEGV, ["Segmentation fault", "data.num_workers=0"]),
+    ],
+)
+def test_a_crashed_worker_gets_a_cause_and_a_setting(signum: int, expected: list[str]) -> None:
+    with pytest.raises(RunError) as caught:
+        _first_batch(_Faulty(signum=signum))
+    message = str(caught.value)
+    assert "\n" not in message
+    for part in expected:
+        assert part in message, message
+
+
+def test_data_timeout_turns_a_stuck_worker_into_an_error() -> None:
+    with pytest.raises(RunError, match=r"timed out after 1 seconds: data.timeout=1 s passed without a batch"):
+        _first_batch(_Faulty(sleep_s=4), timeout=1)
+
+
+def test_other_errors_pass_through() -> None:
+    assert guards.explain_loader_failure("CUDA error: out of memory", DataConfig()) is None
+
+
+def test_unreadable_images_are_replaced_and_reported(tmp_path) -> None:
+    from imgtrain.datasets import build_shapes
+
+    bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, False, str(tmp_path), 20, 10, 0)
+    broken = bundle.train.path(1)
+    with open(broken, "wb") as f:
+        f.write(b"\xff\xd8 truncated jpeg")
+    samples = GuardedSamples(bundle.train)
+    image, label, skipped = samples[1]
+    assert skipped == (f"{broken}: " + skipped[0].split(": ", 1)[1],) and skipped[0].startswith(broken)
+    assert torch.equal(image, samples[2][0]) and label == samples[2][1]  # the next readable sample
+    batch = collate([samples[0], samples[1]])
+    assert batch.images.shape[0] == 2 and batch.skipped == skipped
+
+
+def test_stop_signals_are_recorded_then_restored() -> None:
+    before = signal.getsignal(signal.SIGUSR1)
+    with guards.StopSignals() as signals:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.1)  # the handler runs in the main thread between bytecodes
+        assert signals.received == signal.SIGUSR1
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        assert signals.received == signal.SIGUSR1  # the first one wins
+    assert signal.getsignal(signal.SIGUSR1) == before
+
+
+def test_hand_over_runs_a_schedulers_own_handler() -> None:
+    """submitit installs a SIGUSR2 handler that requeues; it must still run, after our checkpoint."""
+    calls = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: calls.append(signum))
+    try:
+        with guards.StopSignals() as signals:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.1)
+            assert signals.received == signal.SIGUSR2 and not calls
+            signals.hand_over()
+        assert calls == [signal.SIGUSR2]
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def test_agree_on_a_single_process() -> None:
+    flags = guards.agree(torch.tensor(float("nan")), 0, 2, torch.device("cpu"))
+    assert flags == guards.StepFlags(nonfinite=True, stop_signal=0, skipped=2)
+    assert not guards.agree(torch.tensor(1.5), 0, 0, torch.device("cpu")).nonfinite
+    assert not guards.agree(None, signal.SIGTERM, 0, torch.device("cpu")).nonfinite
+
+
+def test_preempted_exit_code_follows_the_shell_convention() -> None:
+    assert guards.Preempted(signal.SIGTERM, "x").exit_code == 143
+    assert guards.Preempted(signal.SIGUSR1, "x").exit_code == 138
