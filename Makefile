@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 NPROC ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install train ddp sweep test test-all lint format clean
+.PHONY: help install train ddp sweep bench bench-quick test test-all lint format clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -29,6 +29,12 @@ ddp: $(STAMP) ## Train with DDP: NPROC (default 2) processes via torchrun; gloo 
 
 sweep: $(STAMP) ## Sweep data.num_workers (0,1,2) for a fixed step budget; ends with sweep_summary.{csv,md,png}
 	$(BIN)/python train.py -m data.num_workers=0,1,2 trainer.max_steps=150 $(ARGS)
+
+bench: $(STAMP) ## The benchmark harness (~15 min on 2 CPUs): JSON in benchmarks/results/, report appended to BENCHMARKS.md
+	$(BIN)/python benchmarks/bench.py $(ARGS)
+
+bench-quick: $(STAMP) ## The harness's smoke test: every path, few steps, report to a temporary directory
+	$(BIN)/python benchmarks/bench.py --quick --workdir $$(mktemp -d) --json /tmp/imgtrain-bench-quick.json --markdown /tmp/imgtrain-bench-quick.md
 
 test: $(STAMP) ## Run the fast test suite (slow tests: make test-all)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

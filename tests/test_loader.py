@@ -21,7 +21,7 @@ def test_worker_only_options_are_dropped_at_zero_workers(workers: int) -> None:
         batch_size=16,
         prefetch_factor=4,
         persistent_workers=True,
-        timeout=5,
+        timeout=60,  # seconds; spawn workers import torch first, which is slow on a busy 2-core machine
         multiprocessing_context="spawn" if workers else "fork",
     )
     plan = plan_loader(data, train=True, device_type="cpu")

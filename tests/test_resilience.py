@@ -51,14 +51,7 @@ def test_sigterm_saves_and_the_resumed_run_matches_an_uninterrupted_one(tmp_path
     assert run_train(RESUMABLE, straight, data_dir).returncode == 0
 
     run_dir = tmp_path / "interrupted"
-    cmd = [sys.executable, str(ROOT / "train.py"), *RESUMABLE, f"hydra.run.dir={run_dir}"]
-    # Its own session, so the signal goes to the whole process group (DataLoader worker included), as
-    # SLURM and Ctrl-C deliver it.
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(data_dir), text=True, start_new_session=True, **_pipes())
-    _wait_for(run_dir / "checkpoints" / "last.pt", proc)
-    os.killpg(proc.pid, signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    stderr = _interrupt(RESUMABLE, run_dir, data_dir)
     assert "stopped: SIGTERM at step" in stderr and "Traceback" not in stderr
     stopped = _ckpt(run_dir / "checkpoints" / "last.pt")["progress"]
     assert 3 <= stopped["step"] < 16 and not (run_dir / "metrics.json").exists()
@@ -78,6 +71,19 @@ def test_sigterm_saves_and_the_resumed_run_matches_an_uninterrupted_one(tmp_path
     logged = [step for step, _ in _steps(run_dir, "train/loss")]
     assert logged == [step for step, _ in _steps(straight, "train/loss")] == list(range(2, 17, 2))
     assert _steps(run_dir, "val/acc") == _steps(straight, "val/acc")
+
+
+def _interrupt(args: list[str], run_dir: Path, data_dir: Path) -> str:
+    """Start train.py, SIGTERM its whole process group once last.pt exists; return its stderr."""
+    cmd = [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"]
+    # Its own session, so the signal goes to the whole process group (DataLoader worker included), as
+    # SLURM and Ctrl-C deliver it.
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(data_dir), text=True, start_new_session=True, **_pipes())
+    _wait_for(run_dir / "checkpoints" / "last.pt", proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    return stderr
 
 
 def _pipes() -> dict:
@@ -197,3 +203,15 @@ def test_rerunning_a_finished_run_keeps_its_results(tmp_path: Path, data_dir: Pa
     again = run_train([*FAST, "trainer.max_steps=4"], run_dir, data_dir)
     assert again.returncode == 0 and "this run already finished at step 4" in again.stdout
     assert (run_dir / "metrics.json").read_text() == before
+
+
+def test_device_resident_training_resumes_exactly(tmp_path: Path, data_dir: Path) -> None:
+    args = [*RESUMABLE, "data.device_resident=true"]
+    straight = tmp_path / "straight"
+    assert run_train(args, straight, data_dir).returncode == 0
+    part = tmp_path / "part"
+    _interrupt(args, part, data_dir)
+    resumed = run_train(args, part, data_dir)
+    assert resumed.returncode == 0 and "resuming from" in resumed.stdout
+    a, b = _ckpt(straight / "checkpoints" / "last.pt"), _ckpt(part / "checkpoints" / "last.pt")
+    assert all(torch.equal(t, b["model"][k]) for k, t in a["model"].items())

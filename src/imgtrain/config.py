@@ -54,6 +54,8 @@ class DataConfig:
     timeout: float = 0.0  # seconds to wait for a batch from a worker before raising; 0 = forever
     seed_workers: bool = True  # seed python/numpy/torch in each worker so augmentation is reproducible
     val_batch_size: int | None = None  # null = 2 x batch_size (no activations kept for backward)
+    device_resident: bool = False  # whole training set as one uint8 tensor on the device, batched crop/flip there
+    prefetch_to_device: bool = True  # on CUDA with pin_memory: copy the next batch on a side stream
     max_bad_samples: int | None = 100  # unreadable images to skip (each read counts) before stopping; null = no limit
 
 
@@ -108,6 +110,7 @@ class ImageFolderConfig(DatasetConfig):
     split_seed: int = 0
     image_size: int = 224
     val_resize: int | None = None  # null = image_size / 0.875, the usual ImageNet ratio
+    decode: str = "cpu"  # cpu: workers decode; cuda: workers read bytes, the GPU decodes whole batches (nvJPEG)
 
 
 @dataclass
@@ -161,7 +164,7 @@ class TrainerConfig:
     seed: int = 0
     deterministic: bool = False  # torch.use_deterministic_algorithms, for bit-exact CPU reruns
     warmup_steps: int = 10  # steps excluded from throughput: start-up, first batches, allocator warm-up
-    log_every_n_steps: int = 20  # the only place the loop syncs with the GPU to read loss and accuracy
+    log_every_n_steps: int = 20  # when the loop reads loss and accuracy back from the GPU, and logs
     lr_warmup_epochs: float = 0.5  # linear LR warmup, then cosine decay to zero
     label_smoothing: float = 0.0
     progress_bar: Any = AUTO  # auto (only on a terminal), true or false
@@ -266,6 +269,7 @@ def _check_dataset(ds: DatasetConfig) -> None:
         if getattr(ds, key, 1) < 1:
             raise _fail(f"dataset.{key}", getattr(ds, key), "expected an integer >= 1")
     if isinstance(ds, ImageFolderConfig):
+        _check_choice("dataset.decode", ds.decode, ("cpu", "cuda"))
         if not 0.0 < ds.val_fraction < 1.0:
             raise _fail("dataset.val_fraction", ds.val_fraction, "expected a fraction between 0 and 1")
         if not ds.root:

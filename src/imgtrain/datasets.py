@@ -112,6 +112,22 @@ class ImageFileDataset(Dataset):
         return self.transform(raw).contiguous(), int(self.labels[index])
 
 
+class EncodedFileDataset(ImageFileDataset):
+    """JPEG files as undecoded bytes (dataset.decode=cuda): the training process decodes whole batches on the
+    GPU and applies `transform` there, so workers only read files."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path = self.path(index)
+        try:
+            with open(path, "rb") as f:
+                data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+        except OSError as error:
+            raise CorruptSampleError(f"{path}: {error.strerror or error}") from None
+        if data.numel() < 4 or data[0] != 0xFF or data[1] != 0xD8:  # the JPEG start-of-image marker
+            raise CorruptSampleError(f"{path}: not a JPEG file (dataset.decode=cuda decodes JPEG only)")
+        return data, int(self.labels[index])
+
+
 class TensorImageDataset(Dataset):
     """Images already in memory as one uint8 tensor [N, 3, H, W], with an optional transform."""
 
@@ -263,6 +279,7 @@ def build_imagefolder(
     val_fraction: float,
     split_seed: int,
     val_resize: int | None,
+    decode: str = "cpu",
 ) -> DatasetBundle:
     """root/train/<class>/* and root/val/<class>/*, or root/<class>/* split by val_fraction."""
     if not root:
@@ -272,9 +289,10 @@ def build_imagefolder(
         raise ConfigError(f"dataset.root={root} does not exist or is not a directory ({LAYOUT_HINT})")
     (train_paths, train_labels), (val_paths, val_labels), classes = _folder_splits(root, val_fraction, split_seed)
     val_tf = eval_transform(image_size, val_resize)
+    files = EncodedFileDataset if decode == "cuda" else ImageFileDataset
     return DatasetBundle(
-        train=ImageFileDataset(train_paths, train_labels, classes, train_transform(image_size) if augment else val_tf),
-        val=ImageFileDataset(val_paths, val_labels, classes, val_tf),
+        train=files(train_paths, train_labels, classes, train_transform(image_size) if augment else val_tf),
+        val=files(val_paths, val_labels, classes, val_tf),
         num_classes=len(classes),
         image_size=image_size,
         mean=_triple(mean),

@@ -185,6 +185,7 @@ def _with_exit_signals(message: str, batches: Any) -> str:
     """Add how dead workers died: PyTorch's "exited unexpectedly" path does not say (a private attribute)."""
     if "exited unexpectedly" not in message:
         return message
+    batches = getattr(batches, "inner", batches)  # the DataLoader iterator behind a CudaPrefetcher
     codes = [w.exitcode for w in getattr(batches, "_workers", []) if w.exitcode is not None and w.exitcode < 0]
     names = sorted({signal.Signals(-code).name for code in codes if -code in signal.Signals._value2member_map_})
     readable = {"SIGBUS": "Bus error", "SIGKILL": "Killed", "SIGSEGV": "Segmentation fault"}

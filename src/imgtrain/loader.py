@@ -68,12 +68,16 @@ class LoaderPlan:
     use_distributed_sampler: bool = False
 
     seed_workers: bool = True
+    device_resident: bool = False
+    prefetch_to_device: bool = False  # effective value: CUDA, pinned memory and data.prefetch_to_device
 
     def describe(self) -> dict[str, Any]:
         """JSON-friendly view of the arguments (for logs, metrics.json and TensorBoard hparams)."""
         shown = {k: v for k, v in self.kwargs.items() if k not in ("worker_init_fn", "generator")}
         shown["distributed_sampler"] = self.use_distributed_sampler
         shown["seed_workers"] = self.seed_workers
+        shown["device_resident"] = self.device_resident
+        shown["prefetch_to_device"] = self.prefetch_to_device
         return shown
 
 
@@ -118,7 +122,16 @@ def plan_loader(
     use_sampler = data.distributed_sampler is True or (data.distributed_sampler == AUTO and world_size > 1)
     if use_sampler and train and data.shuffle:
         notes.append("DistributedSampler shuffles the training set: the DataLoader itself does not")
-    return LoaderPlan(kwargs=kwargs, notes=notes, use_distributed_sampler=use_sampler, seed_workers=data.seed_workers)
+    if data.device_resident and train:
+        notes.append("data.device_resident=true: the training set lives on the device; no DataLoader for training")
+    return LoaderPlan(
+        kwargs=kwargs,
+        notes=notes,
+        use_distributed_sampler=use_sampler,
+        seed_workers=data.seed_workers,
+        device_resident=data.device_resident and train,
+        prefetch_to_device=data.prefetch_to_device and kwargs["pin_memory"] and not (data.device_resident and train),
+    )
 
 
 def _worker_only_settings(data: DataConfig) -> list[str]:
@@ -144,9 +157,15 @@ class Batch(NamedTuple):
 
 
 def collate(items: list[tuple[torch.Tensor, int, tuple[str, ...]]]) -> Batch:
-    """default_collate for images and labels (it stacks into shared memory inside a worker), plus the skips."""
+    """default_collate for images and labels (it stacks into shared memory inside a worker), plus the skips.
+
+    Undecoded files (1-d byte tensors of different lengths, dataset.decode=cuda) stay a list.
+    """
+    skipped = tuple(reason for *_, reason_list in items for reason in reason_list)
+    if items[0][0].dim() == 1 and items[0][0].dtype == torch.uint8:
+        return Batch([image for image, _, _ in items], torch.tensor([label for _, label, _ in items]), skipped)
     images, labels = default_collate([(image, label) for image, label, _ in items])
-    return Batch(images, labels, tuple(reason for *_, skipped in items for reason in skipped))
+    return Batch(images, labels, skipped)
 
 
 class GuardedSamples(Dataset):
@@ -231,24 +250,29 @@ class ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
+def train_sampler(dataset_len: int, plan: LoaderPlan, *, seed: int, rank: int, world_size: int) -> EpochSampler:
+    """The training order: sharded under DDP unless data.distributed_sampler=false (then each rank reads it all)."""
+    shard = plan.use_distributed_sampler
+    return EpochSampler(
+        dataset_len,
+        num_replicas=world_size if shard else 1,
+        rank=rank if shard else 0,
+        shuffle=plan.kwargs["shuffle"],
+        seed=seed if shard else seed + rank,
+        drop_last=plan.kwargs["drop_last"],
+    )
+
+
 def build_loader(
     dataset: Dataset, plan: LoaderPlan, *, train: bool, seed: int, rank: int = 0, world_size: int = 1
 ) -> DataLoader:
     """Build the DataLoader for `plan`: the training split gets an EpochSampler (sharded under DDP)."""
     kwargs = dict(plan.kwargs)
-    shuffle = kwargs.pop("shuffle")
+    kwargs.pop("shuffle")  # the samplers shuffle
     generator = torch.Generator()
     generator.manual_seed(seed + rank)  # the workers' base seed (Python and NumPy in init_worker)
     if train:
-        shard = plan.use_distributed_sampler  # off under DDP: every rank reads the whole set, in its own order
-        kwargs["sampler"] = EpochSampler(
-            len(dataset),
-            num_replicas=world_size if shard else 1,
-            rank=rank if shard else 0,
-            shuffle=shuffle,
-            seed=seed if shard else seed + rank,
-            drop_last=kwargs["drop_last"],
-        )
+        kwargs["sampler"] = train_sampler(len(dataset), plan, seed=seed, rank=rank, world_size=world_size)
     elif world_size > 1:
         kwargs["sampler"] = ShardSampler(len(dataset), rank, world_size)
     return DataLoader(GuardedSamples(dataset), generator=generator, collate_fn=collate, **kwargs)

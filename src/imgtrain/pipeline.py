@@ -11,7 +11,8 @@ from omegaconf import DictConfig
 
 from imgtrain import dist, report
 from imgtrain.config import Config, ConfigError
-from imgtrain.loader import LoaderPlan, build_loader, plan_loader
+from imgtrain.device_data import build_resident
+from imgtrain.loader import LoaderPlan, build_loader, plan_loader, train_sampler
 from imgtrain.step import DeviceBatches
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,13 @@ def build_data(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: t
         "dataset %s: %d train / %d val images, %d classes, %d px",
         *(bundle.name, len(bundle.train), len(bundle.val), bundle.num_classes, bundle.image_size),
     )
+    gpu_decode = getattr(settings.dataset, "decode", "cpu") == "cuda"
+    if gpu_decode and device.type != "cuda":
+        raise ConfigError(
+            f"dataset.decode=cuda needs a CUDA device, and this run uses {device}: use dataset.decode=cpu"
+        )
+    if gpu_decode and settings.data.device_resident:
+        raise ConfigError("dataset.decode=cuda and data.device_resident=true do not combine: choose one")
     train_plan, val_plan = plan_loaders(settings, device, info)
     loader_args = {"train": train_plan.describe(), "val": val_plan.describe()}
     if info.is_main:
@@ -55,4 +63,15 @@ def build_data(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: t
         )
     if settings.mode == "compute":  # the compute ceiling: no loader at all, one batch already on the device
         train_loader = DeviceBatches.random(bundle, train_plan.kwargs["batch_size"], len(train_loader), device)
+    elif train_plan.device_resident:
+        sampler = train_sampler(len(bundle.train), train_plan, seed=seed, **shard)
+        train_loader = build_resident(
+            bundle,
+            sampler,
+            train_plan.kwargs["batch_size"],
+            train_plan.kwargs["drop_last"],
+            device=device,
+            workers=train_plan.kwargs["num_workers"],
+            augment=settings.dataset.augment,
+        )
     return bundle, train_loader, val_loader, loader_args

@@ -124,6 +124,7 @@ def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch
         memory_format=memory_format,
         steps=(steps_per_epoch, total_steps),
         pinned=loader_args["train"]["pin_memory"],
+        prefetch=loader_args["train"]["prefetch_to_device"],
         info=info,
     )
     log.info(
@@ -134,7 +135,7 @@ def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch
     store = CheckpointStore(out_dir / checkpoint.DIRNAME, enabled=writes and info.is_main)
     progress = checkpoint.resume(settings, store, base, step, info, device)
     finished = out_dir / "metrics.json"
-    if progress.epoch >= epochs and progress.step >= total_steps and finished.exists():
+    if progress.step >= total_steps and finished.exists():
         log.info("this run already finished at step %d: %s is kept as it is", progress.step, finished)
         return json.loads(finished.read_text())
     sampler = getattr(train_loader, "sampler", None)
@@ -160,10 +161,10 @@ def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch
         try:
             for epoch in range(progress.epoch, epochs):
                 _start_epoch(train_loader, progress, epoch, loop.replicas)
-                train_epoch(model, train_loader, step, loop)
+                completed = train_epoch(model, train_loader, step, loop)
                 if settings.mode == "train":
-                    _end_epoch(model, val_loader, step, loop, epochs, store)
-                else:
+                    _end_epoch(model, val_loader, step, loop, (epochs, completed), store)
+                elif completed:
                     progress.epoch, progress.samples_in_epoch = epoch + 1, 0
         finally:
             loop.monitor.stop()
@@ -200,8 +201,13 @@ def _start_epoch(loader, progress: Progress, epoch: int, replicas: int) -> None:
         loader.sampler.set_epoch(epoch, start=progress.samples_in_epoch // replicas)
 
 
-def _end_epoch(model: nn.Module, val_loader, step: Step, loop: Loop, epochs: int, store: CheckpointStore) -> None:
-    """Validate, log, and write last.pt (and best.pt when accuracy improved)."""
+def _end_epoch(model: nn.Module, val_loader, step: Step, loop: Loop, epochs, store: CheckpointStore) -> None:
+    """Validate, log, and write last.pt (and best.pt when accuracy improved).
+
+    `epochs` is (number of epochs, whether this one was completed): trainer.max_steps can end training
+    mid-epoch, and the checkpoint then keeps that position, so a longer run continues from there.
+    """
+    epochs, completed = epochs
     progress = loop.progress
     progress.val = evaluate(model, val_loader, step, loop)
     loop.logger.log({"val/loss": progress.val["val_loss"], "val/acc": progress.val["val_acc"]}, progress.step)
@@ -212,23 +218,29 @@ def _end_epoch(model: nn.Module, val_loader, step: Step, loop: Loop, epochs: int
         "epoch %d/%d: val_loss %.4f  val_acc %.4f",
         *(progress.epoch + 1, epochs, progress.val["val_loss"], progress.val["val_acc"]),
     )
-    progress.epoch, progress.samples_in_epoch = progress.epoch + 1, 0
+    if completed:
+        progress.epoch, progress.samples_in_epoch = progress.epoch + 1, 0
     loop.save()
     if improved:
         store.mark_best()
 
 
-def train_epoch(model: nn.Module, loader, step: Step, loop: Loop) -> None:
-    """One pass over the training loader: wait for data, forward, backward, step. One small sync per step."""
+def train_epoch(model: nn.Module, loader, step: Step, loop: Loop) -> bool:
+    """One pass over the training loader: wait for data, forward, backward, step. One small sync per step.
+
+    Returns whether the epoch was completed (False when trainer.max_steps ended it early).
+    """
     trainer, progress = loop.settings.trainer, loop.progress
     model.train()
     device = step.device
     loss_sum = torch.zeros((), device=device)  # running sums stay on the device until a logging window ends
     correct = torch.zeros((), device=device, dtype=torch.long)
     seen, window_steps = 0, 0  # images in loss_sum; steps in the open window
-    bar = report.progress_bar(len(loader), progress.epoch, trainer.progress_bar)
+    remaining, done = len(loader), 0  # batches left in this epoch, and taken so far
+    bar = report.progress_bar(remaining, progress.epoch, trainer.progress_bar)
     loop.meter.start_window()
-    with guards.workers_stopped_on_error(iter(loader)) as batches:
+    with guards.workers_stopped_on_error(iter(loader)) as loader_batches:
+        batches = step.prefetch(loader_batches)  # CUDA: the next batch's copy overlaps this step's compute
         while progress.step < loop.total_steps:
             wait_start = time.perf_counter()
             batch = guards.next_batch(batches, loop.settings.data)  # blocks while no batch is ready: data wait
@@ -258,6 +270,7 @@ def train_epoch(model: nn.Module, loader, step: Step, loop: Loop) -> None:
                 seen += labels.shape[0]
 
             progress.step += 1
+            done += 1
             progress.samples_in_epoch += labels.shape[0] * loop.replicas
             loop.meter.add_step(labels.shape[0], wait)
             window_steps += 1
@@ -272,6 +285,7 @@ def train_epoch(model: nn.Module, loader, step: Step, loop: Loop) -> None:
     if window_steps:
         _log_window(loop, step, loss_sum, correct, seen, bar)
     bar.close()
+    return done >= remaining
 
 
 def _step_boundary(loop: Loop, flags: guards.StepFlags, skipped: tuple[str, ...]) -> None:
@@ -367,7 +381,7 @@ def evaluate(model: nn.Module, loader, step: Step, loop: Loop) -> dict[str, floa
     with guards.workers_stopped_on_error(iter(loader)) as batches:
         while (batch := guards.next_batch(batches, loop.settings.data)) is not None:
             loop.bad.report(batch.skipped)
-            images, labels = step.to_device(batch.images, batch.labels)
+            images, labels = step.to_device(batch.images, batch.labels, split="val")
             with step.autocast():
                 logits = model(images)
             totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")

@@ -53,13 +53,30 @@ class Step:
     label_smoothing: float
     info: dist.DistInfo
     mode: str = "train"  # train; loader: input pipeline only, no model; compute: model only, one batch on device
+    prefetch_to_device: bool = False
+    decode_transforms: dict[str, Any] | None = None  # per split, for dataset.decode=cuda
 
-    def to_device(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy a uint8 batch to the device, then convert and normalise there (4x fewer bytes than float)."""
+    def to_device(self, images: Any, labels: torch.Tensor, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy a uint8 batch to the device, then convert and normalise there (4x fewer bytes than float).
+
+        A list of undecoded JPEGs (dataset.decode=cuda) is decoded and transformed on the device first.
+        """
+        if isinstance(images, list):
+            from imgtrain.device_data import decode_on_device
+
+            images = decode_on_device(images, self.decode_transforms[split], self.device)
         images = images.to(self.device, non_blocking=self.non_blocking)
         labels = labels.to(self.device, non_blocking=self.non_blocking)
         images = images.to(dtype=torch.float32, memory_format=self.memory_format)
         return (images - self.mean) / self.std, labels
+
+    def prefetch(self, batches: Any) -> Any:
+        """On CUDA with pinned memory, copy each next batch on a side stream (data.prefetch_to_device)."""
+        if self.prefetch_to_device:
+            from imgtrain.device_data import CudaPrefetcher
+
+            return CudaPrefetcher(batches, self.device)
+        return batches
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
@@ -134,8 +151,13 @@ def make_step(cfg, settings: Config, base: nn.Module, bundle: Any, **kw) -> Step
         memory_format=memory_format,
         mean=torch.tensor(bundle.mean, device=device).view(1, 3, 1, 1) * 255.0,
         std=torch.tensor(bundle.std, device=device).view(1, 3, 1, 1) * 255.0,
-        non_blocking=kw["pinned"],  # an async copy needs page-locked memory; from pageable memory it is a sync copy
+        non_blocking=kw["pinned"],
+        prefetch_to_device=kw.get("prefetch", False)
+        and device.type == "cuda"
+        and settings.mode
+        != "compute",  # an async copy needs page-locked memory; from pageable memory it is a sync copy
         label_smoothing=settings.trainer.label_smoothing,
+        decode_transforms={"train": bundle.train.transform, "val": bundle.val.transform},
         info=kw["info"],
         mode=settings.mode,
     )

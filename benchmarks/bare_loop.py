@@ -1,0 +1,82 @@
+"""The baseline for train.py's instrumentation overhead: a minimal hand-written loop, nothing else.
+
+Same dataset files and transforms, model, optimiser, batch size, DataLoader settings, precision and thread
+count as `python train.py` with its defaults; no logging, no monitor thread, no metrics, no checkpoints.
+Prints one JSON line: {"images_per_sec": ..., "steps": ..., "seconds": ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch.utils.data import DataLoader
+
+from imgtrain.datasets import build_shapes
+from imgtrain.loader import auto_num_workers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=10, help="steps left out of the timing, as train.py does")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=32)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    bundle = build_shapes(
+        "shapes", args.image_size, [0.5] * 3, [0.25] * 3, True, f"{args.data_dir}/shapes", 5000, 1000, 0
+    )
+    workers = auto_num_workers(1)
+    loader = DataLoader(
+        bundle.train,
+        batch_size=args.batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        pin_memory=cuda,
+        persistent_workers=workers > 0,
+        prefetch_factor=2 if workers else None,
+    )
+    memory_format = torch.channels_last if cuda else torch.contiguous_format
+    model = torchvision.models.resnet18(num_classes=10).to(device, memory_format=memory_format)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
+    mean = torch.tensor(bundle.mean, device=device).view(1, 3, 1, 1) * 255
+    std = torch.tensor(bundle.std, device=device).view(1, 3, 1, 1) * 255
+    dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
+
+    step, started, images_seen = 0, 0.0, 0
+    while step < args.steps:
+        for images, labels in loader:
+            images = images.to(device, non_blocking=cuda).to(torch.float32, memory_format=memory_format)
+            labels = labels.to(device, non_blocking=cuda)
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                loss = F.cross_entropy(model((images - mean) / std), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if step == args.warmup:
+                if cuda:
+                    torch.cuda.synchronize()
+                started = time.perf_counter()
+            elif step > args.warmup:
+                images_seen += labels.shape[0]
+            if step == args.steps:
+                break
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    print(json.dumps({"images_per_sec": images_seen / seconds, "steps": args.steps - args.warmup, "seconds": seconds}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""The benchmark harness's quick mode, as a smoke test: every section runs and is reported (no timing checks)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from helpers import ROOT
+
+
+def test_quick_benchmark_runs_every_section(tmp_path: Path) -> None:
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "BENCH.md"
+    cmd = [sys.executable, "benchmarks/bench.py", "--quick", f"--workdir={tmp_path / 'work'}"]
+    cmd += [f"--json={out_json}", f"--markdown={out_md}"]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out_json.read_text())
+    assert report["machine"]["cpu_count"] >= 1 and report["machine"]["torch"] == torch.__version__
+    overhead = report["overhead"]
+    assert overhead["train_py"][0] > 0 and overhead["bare_loop"][0] > 0 and "overhead" in overhead
+    modes = {(row["dataset"], row["mode"]): row for row in report["modes"]}
+    for dataset in ("synthetic", "shapes", "imagefolder"):
+        for mode in ("loader", "compute", "train"):
+            assert modes[(dataset, mode)]["images_per_sec"] > 0, modes[(dataset, mode)]
+    assert modes[("shapes", "train, data.device_resident=true")]["images_per_sec"] > 0
+    assert [row["num_workers"] for row in report["workers"]][:2] == [0, 1]
+    assert all(row["images_per_sec"] > 0 for row in report["workers"])
+    if not torch.cuda.is_available():
+        assert all(row["note"].startswith("not measured") for row in report["gpu"])
+    text = out_md.read_text()
+    assert "(quick mode: a smoke test, not figures to quote)" in text and "### (c) Loader throughput" in text
