@@ -108,10 +108,13 @@ def test_hand_over_runs_a_schedulers_own_handler() -> None:
 
 
 def test_agree_on_a_single_process() -> None:
-    flags = guards.agree(torch.tensor(float("nan")), 0, 2, torch.device("cpu"))
+    flags = guards.agree(torch.tensor(float("nan")), 0, 2, check_loss=True)
     assert flags == guards.StepFlags(nonfinite=True, stop_signal=0, skipped=2)
-    assert not guards.agree(torch.tensor(1.5), 0, 0, torch.device("cpu")).nonfinite
-    assert not guards.agree(None, signal.SIGTERM, 0, torch.device("cpu")).nonfinite
+    assert not guards.agree(torch.tensor(1.5), 0, 0, check_loss=True).nonfinite
+    assert not guards.agree(None, signal.SIGTERM, 0, check_loss=True).nonfinite
+    # trainer.nonfinite=stop does not read the loss every step (no GPU sync); the loop watches it on the device.
+    assert not guards.agree(torch.tensor(float("nan")), signal.SIGTERM, 0, check_loss=False).nonfinite
+    assert guards.agree(None, signal.SIGTERM, 0, check_loss=False).stop_signal == signal.SIGTERM
 
 
 def test_preempted_exit_code_follows_the_shell_convention() -> None:

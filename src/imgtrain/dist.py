@@ -96,6 +96,7 @@ def resolve_device(requested: str, info: DistInfo) -> torch.device:
 
 
 _job_counter = itertools.count()
+_host_group: dist.ProcessGroup | None = None  # gloo, for small host-side exchanges that must not sync the GPU
 
 
 @cache
@@ -121,6 +122,8 @@ def setup(info: DistInfo, device: torch.device, timeout_s: float = 600.0) -> Non
     dist.init_process_group(
         backend=backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timedelta(seconds=timeout_s)
     )
+    global _host_group
+    _host_group = dist.new_group(backend="gloo") if backend == "nccl" else None  # None: the gloo default group
 
 
 @contextlib.contextmanager
@@ -160,8 +163,20 @@ def all_gather_floats(values: list[float], device: torch.device) -> list[list[fl
 
 def teardown() -> None:
     """Leave the process group so the next job of a sweep (or the interpreter) starts clean."""
+    global _host_group
     if dist.is_initialized():
         dist.destroy_process_group()
+    _host_group = None
+
+
+def all_gather_host(values: list[int]) -> list[list[int]]:
+    """Every rank's `values`, exchanged on the CPU (gloo): no GPU sync. One row for a single process."""
+    if not dist.is_initialized():
+        return [list(values)]
+    tensor = torch.tensor(values, dtype=torch.int64)
+    rows = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, tensor, group=_host_group)
+    return [row.tolist() for row in rows]
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:

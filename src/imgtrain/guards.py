@@ -1,7 +1,8 @@
 """What ends a run early, and how: preemption signals, non-finite losses, unreadable images, DataLoader failures.
 
-Every rank must take the same branch at a step boundary, so the loop exchanges one small vector per step
-(`agree`): a NaN on one rank, or a signal that reached one rank only, then stops or skips on all of them.
+Every rank must take the same branch at a step boundary, so the loop exchanges three host-side numbers per
+step (`agree`, on the CPU): a signal that reached one rank only, or a NaN on one rank, then stops or skips
+on all of them.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import Any
 
 import psutil
 import torch
-import torch.distributed as torch_dist
 
+from imgtrain import dist
 from imgtrain.config import DataConfig, RunError
 
 log = logging.getLogger(__name__)
@@ -100,26 +101,24 @@ def _worker_sigterm(signum: int, frame: Any) -> None:
 # ----------------------------------------------------------------------------- per-step agreement
 @dataclass(frozen=True)
 class StepFlags:
-    nonfinite: bool  # the loss was NaN or inf on at least one rank
+    nonfinite: bool  # the loss was NaN or inf on at least one rank (checked every step with nonfinite=skip only)
     stop_signal: int  # a stop signal's number if any rank received one, else 0
     skipped: int  # unreadable images replaced in this step's batches, summed over ranks
 
 
-def agree(loss: torch.Tensor | None, stop_signal: int, skipped: int, device: torch.device) -> StepFlags:
-    """One small all-gather (none for a single process) and one host read per step, after the forward pass."""
-    if not torch_dist.is_initialized():
-        nonfinite = loss is not None and not bool(torch.isfinite(loss.detach()))
-        return StepFlags(nonfinite, stop_signal, skipped)
-    mine = torch.tensor([0.0, float(stop_signal), float(skipped)], dtype=torch.float64).to(device)
-    if loss is not None:
-        mine[0] = (~torch.isfinite(loss.detach())).to(torch.float64)
-    rows = [torch.empty_like(mine) for _ in range(torch_dist.get_world_size())]
-    torch_dist.all_gather(rows, mine)
-    table = torch.stack(rows).tolist()
+def agree(loss: torch.Tensor | None, stop_signal: int, skipped: int, check_loss: bool) -> StepFlags:
+    """What every rank must act on at this step boundary, exchanged on the CPU (gloo) under DDP.
+
+    Stop signals and skipped images are host-side numbers, so this costs no GPU sync. Only with
+    `check_loss` (trainer.nonfinite=skip, which must know before the update) is the loss read from the
+    device every step; with stop, the loop watches for NaN on the device and reads it with the log window.
+    """
+    nonfinite = int(check_loss and loss is not None and not bool(torch.isfinite(loss.detach())))
+    rows = dist.all_gather_host([nonfinite, stop_signal, skipped])
     return StepFlags(
-        nonfinite=any(row[0] > 0 for row in table),
-        stop_signal=int(max(row[1] for row in table)),
-        skipped=int(sum(row[2] for row in table)),
+        nonfinite=any(row[0] for row in rows),
+        stop_signal=max(row[1] for row in rows),
+        skipped=sum(row[2] for row in rows),
     )
 
 

@@ -97,6 +97,16 @@ def summarise(
     }
 
 
+def finish(summary: dict[str, Any], logger, path: Path, write: bool) -> None:
+    """Add the verdict; rank 0 writes metrics.json, the TensorBoard hparams and the console table."""
+    summary["verdict"] = verdict(summary)
+    if write:
+        write_json(path, summary)
+        logger.log_hparams(hparams(summary), hparam_metrics(summary))
+        print_table(summary)
+    logger.close()
+
+
 # Above this share of step time spent waiting for data, the run is called input-bound.
 INPUT_BOUND_WAIT = 0.10
 

@@ -102,6 +102,7 @@ class Loop:
     bad: guards.BadSampleBudget
     store: CheckpointStore
     save: Callable[[], str]  # writes last.pt at this step boundary; returns a sentence saying where it went
+    nan_step: torch.Tensor | None = None  # trainer.nonfinite=stop: first step with a NaN/inf loss (-1: none), on device
 
 
 def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch.device, precision: str) -> dict:
@@ -151,9 +152,7 @@ def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch
         signals=guards.StopSignals(),
         bad=guards.BadSampleBudget(settings.data.max_bad_samples, progress.skipped_samples),
         store=store,
-        save=lambda: checkpoint.save(
-            store, writes, cfg, base, step, progress, settings.data.batch_size * info.world_size
-        ),
+        save=lambda: _save(loop, cfg, base, step, writes, settings.data.batch_size * info.world_size),
     )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -163,34 +162,30 @@ def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch
                 _start_epoch(train_loader, progress, epoch, loop.replicas)
                 completed = train_epoch(model, train_loader, step, loop)
                 if settings.mode == "train":
-                    _end_epoch(model, val_loader, step, loop, (epochs, completed), store)
+                    _end_epoch(model, val_loader, step, loop, epochs=epochs, completed=completed)
                 elif completed:
                     progress.epoch, progress.samples_in_epoch = epoch + 1, 0
         finally:
             loop.monitor.stop()
-    return _finish(loop, info, device, precision, loader_args, out_dir, time.perf_counter() - started)
-
-
-def _finish(loop: Loop, info, device, precision, loader_args, out_dir: Path, wall_time_s: float) -> dict:
-    """The end-of-run summary: metrics.json, TensorBoard hparams and the console table (rank 0)."""
     summary = report.summarise(
         meter=loop.meter,
         monitor=loop.monitor,
-        progress=loop.progress,
+        progress=progress,
         info=info,
         device=device,
         precision=precision,
         loader_args=loader_args,
-        settings=loop.settings,
-        wall_time_s=wall_time_s,
+        settings=settings,
+        wall_time_s=time.perf_counter() - started,
     )
-    summary["verdict"] = report.verdict(summary)
-    if info.is_main:
-        report.write_json(out_dir / "metrics.json", summary)
-        loop.logger.log_hparams(report.hparams(summary), report.hparam_metrics(summary))
-        report.print_table(summary)
-    loop.logger.close()
+    report.finish(summary, loop.logger, out_dir / "metrics.json", write=info.is_main)
     return summary
+
+
+def _save(loop: Loop, cfg, base: nn.Module, step: Step, writes: bool, global_batch: int) -> str:
+    """Write last.pt, never with weights a NaN loss has already reached (trainer.nonfinite=stop)."""
+    _stop_if_nonfinite(loop, step.device)
+    return checkpoint.save(loop.store, writes, cfg, base, step, loop.progress, global_batch)
 
 
 def _start_epoch(loader, progress: Progress, epoch: int, replicas: int) -> None:
@@ -201,13 +196,12 @@ def _start_epoch(loader, progress: Progress, epoch: int, replicas: int) -> None:
         loader.sampler.set_epoch(epoch, start=progress.samples_in_epoch // replicas)
 
 
-def _end_epoch(model: nn.Module, val_loader, step: Step, loop: Loop, epochs, store: CheckpointStore) -> None:
+def _end_epoch(model: nn.Module, val_loader, step: Step, loop: Loop, *, epochs: int, completed: bool) -> None:
     """Validate, log, and write last.pt (and best.pt when accuracy improved).
 
-    `epochs` is (number of epochs, whether this one was completed): trainer.max_steps can end training
-    mid-epoch, and the checkpoint then keeps that position, so a longer run continues from there.
+    `completed` is False when trainer.max_steps ended the epoch early: the checkpoint then keeps that
+    position, so a longer run continues from there.
     """
-    epochs, completed = epochs
     progress = loop.progress
     progress.val = evaluate(model, val_loader, step, loop)
     loop.logger.log({"val/loss": progress.val["val_loss"], "val/acc": progress.val["val_acc"]}, progress.step)
@@ -222,11 +216,11 @@ def _end_epoch(model: nn.Module, val_loader, step: Step, loop: Loop, epochs, sto
         progress.epoch, progress.samples_in_epoch = progress.epoch + 1, 0
     loop.save()
     if improved:
-        store.mark_best()
+        loop.store.mark_best()
 
 
 def train_epoch(model: nn.Module, loader, step: Step, loop: Loop) -> bool:
-    """One pass over the training loader: wait for data, forward, backward, step. One small sync per step.
+    """One pass over the training loader: wait for data, forward, backward, step. No GPU sync per step.
 
     Returns whether the epoch was completed (False when trainer.max_steps ended it early).
     """
@@ -237,6 +231,8 @@ def train_epoch(model: nn.Module, loader, step: Step, loop: Loop) -> bool:
     correct = torch.zeros((), device=device, dtype=torch.long)
     seen, window_steps = 0, 0  # images in loss_sum; steps in the open window
     remaining, done = len(loader), 0  # batches left in this epoch, and taken so far
+    if trainer.nonfinite == "stop":
+        loop.nan_step = torch.full((), -1, dtype=torch.long, device=device)
     bar = report.progress_bar(remaining, progress.epoch, trainer.progress_bar)
     loop.meter.start_window()
     with guards.workers_stopped_on_error(iter(loader)) as loader_batches:
@@ -254,11 +250,12 @@ def train_epoch(model: nn.Module, loader, step: Step, loop: Loop) -> bool:
                 with step.autocast():
                     logits = model(images)
                     loss = F.cross_entropy(logits, labels, label_smoothing=step.label_smoothing)
-            # The one sync per step: every rank learns whether any rank got a NaN loss or a stop signal, or
-            # replaced unreadable images, so all take the same branch (DDP needs every rank in backward).
-            flags = guards.agree(loss, loop.signals.received, len(batch.skipped), device)
+            # Every rank learns whether any rank got a stop signal or replaced unreadable images (and, with
+            # trainer.nonfinite=skip, a NaN loss), so all take the same branch: DDP needs every rank in backward.
+            check_loss = trainer.nonfinite == "skip"  # skip must know before the update: one GPU read per step
+            flags = guards.agree(loss, loop.signals.received, len(batch.skipped), check_loss)
             if flags.nonfinite:
-                _nonfinite_loss(loop)  # raises with trainer.nonfinite=stop; with skip: no backward, no update
+                _nonfinite_loss(loop, progress.step + 1)  # skip: no backward, no update
             elif loss is not None:
                 step.optimizer.zero_grad(set_to_none=True)
                 step.scaler.scale(loss).backward()
@@ -268,6 +265,9 @@ def train_epoch(model: nn.Module, loader, step: Step, loop: Loop) -> bool:
                 loss_sum += loss.detach() * labels.shape[0]
                 correct += (logits.argmax(dim=1) == labels).sum()
                 seen += labels.shape[0]
+                if loop.nan_step is not None:  # remembered on the device, read with the log window or a save
+                    finite = torch.isfinite(loss.detach()) | (loop.nan_step >= 0)
+                    loop.nan_step = torch.where(finite, loop.nan_step, progress.step + 1)
 
             progress.step += 1
             done += 1
@@ -318,16 +318,25 @@ def _save_and_wait(loop: Loop) -> str:
     return where
 
 
-def _nonfinite_loss(loop: Loop) -> None:
+def _stop_if_nonfinite(loop: Loop, device: torch.device) -> None:
+    """trainer.nonfinite=stop: read the first step with a NaN/inf loss on any rank (one sync), and stop there."""
+    if loop.nan_step is None:
+        return
+    first = [row[0] for row in dist.all_gather_floats([float(loop.nan_step.item())], device) if row[0] >= 0]
+    if first:
+        _nonfinite_loss(loop, int(min(first)))
+
+
+def _nonfinite_loss(loop: Loop, at_step: int) -> None:
     progress = loop.progress
     progress.nonfinite_steps += 1
     if loop.settings.trainer.nonfinite == "stop":
         raise RunError(
-            f"the training loss is NaN or infinite at step {progress.step + 1} (epoch {progress.epoch + 1}) and "
+            f"the training loss is NaN or infinite at step {at_step} (epoch {progress.epoch + 1}) and "
             f"trainer.nonfinite=stop. {_last_checkpoint(loop)} Lower optim.lr, try trainer.precision=fp32, or set "
             "trainer.nonfinite=skip"
         )
-    log.warning("non-finite loss at step %d: step skipped (%d so far)", progress.step + 1, progress.nonfinite_steps)
+    log.warning("non-finite loss at step %d: step skipped (%d so far)", at_step, progress.nonfinite_steps)
 
 
 def _last_checkpoint(loop: Loop) -> str:
@@ -338,6 +347,7 @@ def _last_checkpoint(loop: Loop) -> str:
 def _log_window(loop: Loop, step: Step, loss_sum, correct, seen: int, bar) -> None:
     """Read the window's loss/accuracy (a .item() waits for the GPU), then log with one small collective."""
     meter, monitor, progress = loop.meter, loop.monitor, loop.progress
+    _stop_if_nonfinite(loop, step.device)
     window = meter.close_window()
     metrics = {"lr": step.scheduler.get_last_lr()[0]}
     if seen:
