@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 NPROC ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install train ddp sweep bench bench-quick test test-all lint format clean
+.PHONY: help install train ddp sweep bench bench-quick test test-gpu test-all lint format clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ bench-quick: $(STAMP) ## The harness's smoke test: every path, few steps, report
 
 test: $(STAMP) ## Run the fast test suite (slow tests: make test-all)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-gpu: $(STAMP) ## Run the CUDA tests (tests/test_gpu.py) on this machine's GPU; they skip without one
+	$(BIN)/python -m pytest -m gpu -rs $(PYTEST_ARGS)
 
 test-all: $(STAMP) ## Run every test, the slow ones included
 	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS)

@@ -1,13 +1,19 @@
 """The benchmark harness: `make bench` (full) or `make bench-quick` (the smoke test CI runs).
 
-In one invocation, on this machine:
-  (a) instrumentation overhead: train.py against benchmarks/bare_loop.py, median of N interleaved runs each;
-  (b) the three modes (loader, compute, train) for the synthetic, shapes and imagefolder datasets, plus the
-      device-resident train path;
-  (c) loader throughput (mode=loader, shapes) as data.num_workers grows to the CPU count;
-  (d) the GPU targets, run only when CUDA is available, otherwise listed as "not measured".
-Every figure comes from a real run's metrics.json (or the bare loop's output); nothing is estimated.
-Results go to a JSON file and, as a dated markdown section, to BENCHMARKS.md.
+Sections, in one invocation on this machine (`--only` picks some, e.g. `--only gpu-ceilings`):
+  overhead      train.py against benchmarks/bare_loop.py, median of N interleaved runs each;
+  modes         the three modes (loader, compute, train) for synthetic, shapes and imagefolder, plus the
+                device-resident train path;
+  workers       loader throughput (mode=loader, shapes) as data.num_workers grows to the CPU count;
+  gpu-ceilings  ResNet-18 CIFAR-style at 32 px: compute ceiling, device-resident and DataLoader paths (with the
+                loader's own ceiling per worker count); ResNet-50 at 224 px on synthetic data. About 4 minutes on
+                one H100;
+  gpu-jpeg      ResNet-50 at 224 px from a JPEG folder: CPU decode and dataset.decode=cuda, and timm's train.py
+                on the same folder when --timm-train is given. About 5 minutes on one H100.
+The GPU sections run only where CUDA is available, otherwise their rows say "not measured". Every GPU row
+measures at least 200 steady-state steps. Every figure comes from a real run's metrics.json (or the bare
+loop's or timm's output); nothing is estimated. Results go to a JSON file and, as a dated markdown section,
+to BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -44,17 +51,23 @@ class Bench:
         self.runs = 0
 
     def train(self, *overrides: str, timeout: float = 1800) -> dict:
-        """One train.py run; its metrics.json plus the command that produced it."""
+        """One train.py run; its metrics.json plus the command that produced it (its log stays in its run dir)."""
         self.runs += 1
         run_dir = self.workdir / "runs" / f"{self.runs:03d}"
         args = [*overrides, "trainer.save_checkpoints=false", "trainer.progress_bar=false"]
         cmd = [sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"]
-        result = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+        print(f"  run {self.runs:03d}: {_shown(args)}", flush=True)
+        try:
+            result = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"command": _shown(args), "error": f"timed out after {timeout:.0f} s"}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "output.log").write_text(result.stdout + result.stderr)
         if result.returncode != 0:
             tail = (result.stderr or result.stdout).strip().splitlines()[-1:]
             return {"command": _shown(args), "error": tail[0] if tail else f"exit {result.returncode}"}
         metrics = json.loads((run_dir / "metrics.json").read_text())
-        return {"command": _shown(args), **metrics}
+        return {"command": _shown(args), "run_dir": str(run_dir), **metrics}
 
     def bare(self, steps: int, warmup: int) -> dict:
         cmd = [sys.executable, "benchmarks/bare_loop.py", f"--data-dir={self.workdir / 'data'}"]
@@ -123,40 +136,161 @@ def workers(bench: Bench, steps: int) -> list[dict]:
     return rows
 
 
-GPU_TARGETS = [
-    ("ResNet-18 CIFAR-style 32 px bf16: compute ceiling (target >= 40,000 img/s)",
-     ["mode=compute", "model=resnet18_cifar", "dataset=synthetic", "dataset.image_size=32",
-      "data.batch_size=512", "trainer.precision=bf16"]),
-    ("ResNet-18 CIFAR-style 32 px bf16: device-resident train (target >= 90% of the ceiling, GPU util >= 95%)",
-     ["model=resnet18_cifar", "dataset=synthetic", "dataset.image_size=32", "dataset.num_train=50000",
-      "data.batch_size=512", "trainer.precision=bf16", "data.device_resident=true"]),
-    ("ResNet-18 CIFAR-style 32 px bf16: DataLoader path, shapes JPEGs, 16 workers (target >= 80% of the ceiling)",
-     ["model=resnet18_cifar", "dataset.num_train=50000", "data.batch_size=512", "trainer.precision=bf16",
-      "data.num_workers=16"]),
-    ("ResNet-50 224 px bf16, synthetic (target >= 3,000 img/s)",
-     ["model=resnet50", "dataset=synthetic", "dataset.image_size=224", "data.batch_size=256",
-      "trainer.precision=bf16"]),
-    ("ResNet-50 224 px bf16, JPEG imagefolder, 16 workers, CPU decode",
-     ["model=resnet50", "dataset=imagefolder", "dataset.root={jpeg224}", "data.batch_size=256",
-      "trainer.precision=bf16", "data.num_workers=16", "dataset.decode=cpu"]),
-    ("ResNet-50 224 px bf16, JPEG imagefolder, 16 workers, GPU decode (nvJPEG)",
-     ["model=resnet50", "dataset=imagefolder", "dataset.root={jpeg224}", "data.batch_size=256",
-      "trainer.precision=bf16", "data.num_workers=16", "dataset.decode=cuda"]),
-]  # fmt: skip
+# ----------------------------------------------------------------------------- GPU sections
+GPU_STEPS, GPU_WARMUP = 300, 50  # every GPU row: 250 steady-state steps after 50 warm-up steps
+R18_BATCH, R50_BATCH = 512, 256
+LOADER_WORKERS = (8, 12, 15)  # the DataLoader rows on the 16-core box: the best of these is the row that counts
+JPEG_SIZE, JPEG_TRAIN, JPEG_VAL = 384, 25_600, 512  # about ImageNet's mean pixel count; 100 steps an epoch
+R18 = ["model=resnet18_cifar", "dataset.image_size=32", f"data.batch_size={R18_BATCH}", "trainer.precision=bf16"]
+R50 = ["model=resnet50", "dataset.image_size=224", f"data.batch_size={R50_BATCH}", "trainer.precision=bf16"]
 
 
-def gpu(bench: Bench, steps: int) -> list[dict]:
-    """(d) the GPU targets: measured when CUDA is available, otherwise listed as not measured."""
-    if not torch.cuda.is_available():
-        return [{"target": name, "note": NOT_MEASURED} for name, _ in GPU_TARGETS]
-    return [
-        {"target": name, **_figures(bench.train(*args, f"trainer.max_steps={steps}"))} for name, args in GPU_TARGETS
+def _gpu_steps(steps: int, warmup: int, epoch_images: int | None = None) -> list[str]:
+    """One epoch long enough for every step (no epoch end inside the measurement) unless told otherwise."""
+    args = [f"trainer.max_steps={steps}", f"trainer.warmup_steps={warmup}", "trainer.log_every_n_steps=25"]
+    return [*args, "trainer.epochs=1"] + ([f"dataset.num_train={epoch_images}"] if epoch_images else [])
+
+
+def gpu_ceilings(bench: Bench, steps: int, warmup: int) -> list[dict]:
+    """ResNet-18 CIFAR-style 32 px bf16: the ceiling and the three ways to feed it; ResNet-50 224 px synthetic."""
+    r18_images = R18_BATCH * (steps + 10)
+    rows = [
+        _gpu_row(
+            bench,
+            "r18_ceiling",
+            "ResNet-18 CIFAR-style 32 px bf16: compute ceiling (target >= 40,000 img/s)",
+            "mode=compute",
+            "dataset=synthetic",
+            *R18,
+            *_gpu_steps(steps, warmup),
+        ),
+        _gpu_row(
+            bench,
+            "r18_resident",
+            "ResNet-18 32 px: device-resident train (target >= 90% of the ceiling, GPU util >= 95%)",
+            "dataset=synthetic",
+            "data.device_resident=true",
+            *R18,
+            *_gpu_steps(steps, warmup, r18_images),
+        ),
     ]
+    for workers in LOADER_WORKERS:  # the loader alone first: its own ceiling explains the training row
+        rows.append(
+            _gpu_row(
+                bench,
+                f"r18_loader_only_{workers}w",
+                f"shapes JPEGs, mode=loader, {workers} workers",
+                "mode=loader",
+                "dataset=shapes",
+                f"data.num_workers={workers}",
+                *R18,
+                *_gpu_steps(steps, warmup, r18_images),
+            )
+        )
+        rows.append(
+            _gpu_row(
+                bench,
+                f"r18_dataloader_{workers}w",
+                f"ResNet-18 32 px: DataLoader path, shapes JPEGs, {workers} workers (target >= 80% of the ceiling)",
+                "dataset=shapes",
+                f"data.num_workers={workers}",
+                *R18,
+                *_gpu_steps(steps, warmup, r18_images),
+            )
+        )
+    rows.append(
+        _gpu_row(
+            bench,
+            "r50_ceiling",
+            "ResNet-50 224 px bf16, synthetic: compute ceiling (target >= 3,000 img/s)",
+            "mode=compute",
+            "dataset=synthetic",
+            *R50,
+            *_gpu_steps(steps, warmup),
+        )
+    )
+    return rows
+
+
+def jpeg_folder(bench: Bench) -> Path:
+    """A JPEG ImageFolder (train/ and val/) of 384-px shapes for the ResNet-50 224-px rows; generated once."""
+    count = (512, 128) if bench.quick else (JPEG_TRAIN, JPEG_VAL)
+    size = 96 if bench.quick else JPEG_SIZE
+    return Path(ensure_shapes(str(bench.workdir / "data" / "jpeg"), size, *count, 2, processes=available_cpus()))
+
+
+def gpu_jpeg(bench: Bench, steps: int, warmup: int, timm: dict | None) -> dict:
+    """ResNet-50 224 px bf16 from JPEG files, 15 workers: CPU decode, GPU decode, and timm on the same files."""
+    workers = min(15, max(1, available_cpus() - 1))
+    names = {
+        "r50_jpeg_cpu": f"ResNet-50 224 px bf16, JPEG folder, {workers} workers, CPU decode",
+        "r50_jpeg_cuda": f"ResNet-50 224 px bf16, JPEG folder, {workers} workers, dataset.decode=cuda (nvJPEG)",
+    }
+    if not torch.cuda.is_available():  # no folder to generate: nothing here can run
+        return {"rows": [_gpu_row(bench, key, target) for key, target in names.items()]}
+    root = jpeg_folder(bench)
+    common = ["dataset=imagefolder", f"dataset.root={root}", *R50, f"data.num_workers={workers}",
+              f"trainer.max_steps={steps}", f"trainer.warmup_steps={warmup}", "trainer.log_every_n_steps=25",
+              "trainer.epochs=10"]  # fmt: skip
+    files = sum(1 for _ in (root / "train").rglob("*.jpg"))
+    result = {
+        "folder": {"root": str(root), "train_files": files, "mean_kb": _mean_kb(root), "image_px": JPEG_SIZE},
+        "rows": [
+            _gpu_row(bench, key, target, *common, f"dataset.decode={key.rsplit('_', 1)[1]}")
+            for key, target in names.items()
+        ],
+    }
+    if timm:
+        result["timm"] = run_timm(bench, root, workers, (steps, warmup, files // R50_BATCH), timm)
+    return result
+
+
+def _gpu_row(bench: Bench, key: str, target: str, *args: str) -> dict:
+    if not torch.cuda.is_available():
+        return {"key": key, "target": target, "note": NOT_MEASURED}
+    return {"key": key, "target": target, **_figures(bench.train(*args))}
+
+
+def _mean_kb(root: Path) -> float:
+    sizes = [p.stat().st_size for p in (root / "train").rglob("*.jpg")]
+    return sum(sizes) / max(1, len(sizes)) / 1e3
+
+
+TIMM_STEP = re.compile(r"Train: (\d+) \[\s*(\d+)/(\d+).*?Time: ([0-9.]+)s")
+
+
+def run_timm(bench: Bench, root: Path, workers: int, schedule: tuple[int, int, int], timm: dict) -> dict:
+    """timm's unchanged train.py on the same folder, model, batch, workers, bf16 AMP and channels_last.
+
+    Its transforms are set to ours (RandomResizedCrop scale 0.35-1, bilinear, flip; no colour jitter), its
+    optimiser to AdamW. Steady-state images/s: the per-update times it logs, after the same warm-up steps.
+    `schedule` is (steps, warm-up steps, steps per epoch).
+    """
+    steps, warmup, per_epoch = schedule
+    epochs = -(-steps // max(1, per_epoch))  # enough epochs for `steps` updates
+    args = ["--data-dir", str(root), "--model", "resnet50", "--num-classes", "10", "-b", str(R50_BATCH),
+            "-j", str(workers), "--amp", "--amp-dtype", "bfloat16", "--channels-last",
+            "--input-size", "3", "224", "224", "--epochs", str(epochs), "--log-interval", "1",
+            "--val-split", "val", "--pin-mem", "--opt", "adamw", "--lr", "2e-3", "--weight-decay", "0.05",
+            "--sched", "cosine", "--warmup-epochs", "0", "--scale", "0.35", "1.0",
+            "--train-interpolation", "bilinear", "--color-jitter", "0", "--smoothing", "0",
+            "--output", str(bench.workdir / "timm")]  # fmt: skip
+    env = {**bench.env, "PYTHONPATH": timm["pythonpath"]}
+    cmd = [sys.executable, timm["train"], *args]
+    print(f"  timm: {' '.join(cmd)}", flush=True)
+    result = subprocess.run(cmd, cwd=bench.workdir, env=env, capture_output=True, text=True, timeout=1800)
+    (bench.workdir / "timm.log").write_text(result.stdout + result.stderr)
+    times = [float(m.group(4)) for m in TIMM_STEP.finditer(result.stdout + result.stderr)][warmup:steps]
+    out = {"command": "python train.py " + " ".join(args), "log": str(bench.workdir / "timm.log")}
+    if result.returncode != 0 or not times:
+        tail = (result.stderr or result.stdout).strip().splitlines()
+        return {**out, "error": tail[-1] if tail else f"no step times (exit {result.returncode})"}
+    return {**out, "images_per_sec": R50_BATCH * len(times) / sum(times), "measured_steps": len(times)}
 
 
 def _figures(run: dict) -> dict:
-    keys = ("images_per_sec", "data_wait_frac", "gpu_util_mean", "cpu_pct_mean", "rss_peak_gb", "command", "error")
-    return {key: run.get(key) for key in keys if key in run}
+    keys = ("images_per_sec", "data_wait_frac", "gpu_util_mean", "cpu_pct_mean", "rss_peak_gb", "measured_steps")
+    return {key: run.get(key) for key in (*keys, "verdict", "command", "run_dir", "error") if key in run}
 
 
 def machine() -> dict:
@@ -172,28 +306,49 @@ def machine() -> dict:
     }
 
 
+SECTIONS = ("overhead", "modes", "workers", "gpu-ceilings", "gpu-jpeg")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="few steps and one repeat: a smoke test, not figures")
+    parser.add_argument("--only", help=f"comma-separated sections to run (default: all): {', '.join(SECTIONS)}")
     parser.add_argument("--repeats", type=int, help="interleaved runs each for the overhead (default 5; quick 1)")
     parser.add_argument("--workdir", type=Path, help="datasets and run directories (default: a temporary dir)")
     parser.add_argument("--json", type=Path, help="results file (default: benchmarks/results/<date>.json)")
     parser.add_argument("--markdown", type=Path, help="file to append the report to (default: BENCHMARKS.md)")
+    parser.add_argument("--timm-train", help="timm's train.py: gpu-jpeg also runs it on the same JPEG folder")
+    parser.add_argument("--timm-pythonpath", default="", help="PYTHONPATH holding the timm package to use")
     args = parser.parse_args(argv)
+    only = args.only.split(",") if args.only else list(SECTIONS)
+    unknown = sorted(set(only) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--only {','.join(unknown)} is not a section: accepted values are {', '.join(SECTIONS)}")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="imgtrain-bench-"))
     bench = Bench(workdir, args.quick)
     steps, warmup = (12, 2) if args.quick else (60, 10)
+    gpu_steps, gpu_warmup = (12, 2) if args.quick else (GPU_STEPS, GPU_WARMUP)
     repeats = args.repeats or (1 if args.quick else 5)
     report = {
         "machine": machine(),
         "command": " ".join(["python", "benchmarks/bench.py", *(argv if argv is not None else sys.argv[1:])]),
         "quick": args.quick,
+        "sections": only,
     }
-    print(f"benchmarking in {workdir} ...", flush=True)
-    report["overhead"] = overhead(bench, repeats, steps, warmup)
-    report["modes"] = modes(bench, steps)
-    report["workers"] = workers(bench, steps)
-    report["gpu"] = gpu(bench, 200 if not args.quick else steps)
+    print(f"benchmarking {', '.join(only)} in {workdir} ...", flush=True)
+    if "overhead" in only:
+        report["overhead"] = overhead(bench, repeats, steps, warmup)
+    if "modes" in only:
+        report["modes"] = modes(bench, steps)
+    if "workers" in only:
+        report["workers"] = workers(bench, steps)
+    if "gpu-ceilings" in only:
+        report["gpu_ceilings"] = gpu_ceilings(bench, gpu_steps, gpu_warmup)
+    if "gpu-jpeg" in only:
+        timm = None
+        if args.timm_train:  # absolute: timm runs in the work directory
+            timm = {"train": str(Path(args.timm_train).resolve()), "pythonpath": args.timm_pythonpath}
+        report["gpu_jpeg"] = gpu_jpeg(bench, gpu_steps, gpu_warmup, timm)
     stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M%S")
     json_path = args.json or ROOT / "benchmarks" / "results" / f"{stamp}.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -28,31 +28,21 @@ def render(report: dict, json_path: Path) -> str:
         f"Python {m['python']}. Raw results: `{json_path.name}`.",
         "",
     ]
-    lines += _overhead(report["overhead"])
-    lines += ["", "### (b) Modes per dataset (steady-state images/s)", ""]
-    lines += [
-        "| dataset | mode | images/s | data wait | GPU util | CPU % | RSS GB |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for row in report["modes"]:
-        rate, wait = _rate(row.get("images_per_sec")), _share(row.get("data_wait_frac"))
-        lines.append(
-            f"| {row['dataset']} | {row['mode']} | {rate} | {wait} "
-            f"| {_gpu(row.get('gpu_util_mean'))} | {_gpu(row.get('cpu_pct_mean')).rstrip('%')} "
-            f"| {row.get('rss_peak_gb') or 0:.2f} |" + (f" error: {row['error']}" if "error" in row else "")
-        )
-    lines += ["", "### (c) Loader throughput by `data.num_workers` (mode=loader, shapes)", ""]
-    lines += ["| num_workers | images/s | data wait |", "| ---: | ---: | ---: |"]
-    for row in report["workers"]:
-        lines.append(
-            f"| {row['num_workers']} | {_rate(row.get('images_per_sec'))} | {_share(row.get('data_wait_frac'))} |"
-        )
-    lines += ["", "### (d) GPU targets", "", "| target | images/s | GPU util | note |", "| --- | ---: | ---: | --- |"]
-    for row in report["gpu"]:
-        note = row.get("note") or row.get("error") or f"`{row.get('command', '')}`"
-        lines.append(
-            f"| {row['target']} | {_rate(row.get('images_per_sec'))} | {_gpu(row.get('gpu_util_mean'))} | {note} |"
-        )
+    if "overhead" in report:
+        lines += _overhead(report["overhead"])
+    if "modes" in report:
+        lines += _modes(report["modes"])
+    if "workers" in report:
+        lines += ["", "### (c) Loader throughput by `data.num_workers` (mode=loader, shapes)", ""]
+        lines += ["| num_workers | images/s | data wait |", "| ---: | ---: | ---: |"]
+        for row in report["workers"]:
+            lines.append(
+                f"| {row['num_workers']} | {_rate(row.get('images_per_sec'))} | {_share(row.get('data_wait_frac'))} |"
+            )
+    if "gpu_ceilings" in report:
+        lines += _gpu_rows("(d) GPU: ResNet-18 at 32 px and ResNet-50 at 224 px", report["gpu_ceilings"], "r18_ceiling")
+    if "gpu_jpeg" in report:
+        lines += _gpu_jpeg(report["gpu_jpeg"])
     lines += [
         "",
         "Each row's command is in the JSON file. Images/s are steady state (after `trainer.warmup_steps`), summed "
@@ -60,6 +50,70 @@ def render(report: dict, json_path: Path) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _modes(rows: list[dict]) -> list[str]:
+    lines = ["", "### (b) Modes per dataset (steady-state images/s)", ""]
+    lines += [
+        "| dataset | mode | images/s | data wait | GPU util | CPU % | RSS GB |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in rows:
+        rate, wait = _rate(row.get("images_per_sec")), _share(row.get("data_wait_frac"))
+        lines.append(
+            f"| {row['dataset']} | {row['mode']} | {rate} | {wait} "
+            f"| {_gpu(row.get('gpu_util_mean'))} | {_gpu(row.get('cpu_pct_mean')).rstrip('%')} "
+            f"| {row.get('rss_peak_gb') or 0:.2f} |" + (f" error: {row['error']}" if "error" in row else "")
+        )
+    return lines
+
+
+def _gpu_rows(title: str, rows: list[dict], ceiling_key: str | None) -> list[str]:
+    """One table of GPU rows; `ceiling_key` names the row the others are a share of (same model, same batch)."""
+    ceiling = next((r.get("images_per_sec") for r in rows if r["key"] == ceiling_key), None)
+    lines = ["", f"### {title}", ""]
+    lines += [
+        "| target | images/s | of ceiling | data wait | GPU util | steps | note |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for row in rows:
+        rate = row.get("images_per_sec")
+        share = f"{rate / ceiling:.0%}" if rate and ceiling and row["key"].startswith(ceiling_key[:3]) else "—"
+        note = row.get("note") or row.get("error") or row.get("verdict") or ""
+        lines.append(
+            f"| {row['target']} | {_rate(rate)} | {share} | {_share(row.get('data_wait_frac'))} "
+            f"| {_gpu(row.get('gpu_util_mean'))} | {row.get('measured_steps') or '—'} | {note} |"
+        )
+    return lines
+
+
+def _gpu_jpeg(result: dict) -> list[str]:
+    lines = _gpu_rows("(e) GPU: ResNet-50 at 224 px from JPEG files", result["rows"], None)
+    folder = result.get("folder")
+    if folder:
+        lines += [
+            "",
+            f"The folder: {folder['train_files']:,} training JPEGs of {folder['image_px']} px shapes, "
+            f"{folder['mean_kb']:.0f} KB on average, read from the page cache.",
+        ]
+    timm = result.get("timm")
+    if timm:
+        ours = {row["key"]: row.get("images_per_sec") for row in result["rows"]}
+        lines += ["", "**Against timm 1.0.28's `train.py`, same folder, same device call:**", ""]
+        if "error" in timm:
+            lines.append(f"timm failed: {timm['error']}")
+        else:
+            rate = timm["images_per_sec"]
+            lines += [
+                "| run | images/s | ours / timm |",
+                "| --- | ---: | ---: |",
+                f"| timm `train.py` ({timm['measured_steps']} steps) | {_rate(rate)} | — |",
+            ]
+            for key, label in (("r50_jpeg_cpu", "ours, CPU decode"), ("r50_jpeg_cuda", "ours, dataset.decode=cuda")):
+                if ours.get(key):
+                    lines.append(f"| {label} | {_rate(ours[key])} | {ours[key] / rate:.2f}x |")
+        lines += ["", f"timm's command: `{timm['command']}`"]
+    return lines
 
 
 def _overhead(result: dict) -> list[str]:

@@ -6,6 +6,15 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+
+
+def pytest_report_header() -> str:
+    """Say which device the run had: the gpu-marked tests skip without CUDA."""
+    if not torch.cuda.is_available():
+        return "CUDA: none (tests marked gpu are skipped; run them with `make test-gpu` on a GPU)"
+    props = torch.cuda.get_device_properties(0)
+    return f"CUDA: {props.name}, compute capability {props.major}.{props.minor}, torch {torch.__version__}"
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -28,6 +30,9 @@ FAST = [
     "trainer.log_every_n_steps=2",
     "trainer.monitor_interval_s=0.1",
 ]
+
+# 2 epochs of 8 steps, deterministic, a checkpoint every 3 steps; one worker, so the stop signal reaches one.
+RESUMABLE = [*FAST, "trainer.epochs=2", "trainer.ckpt_every_n_steps=3", "trainer.deterministic=true"]
 
 register_configs()
 
@@ -57,3 +62,32 @@ def run_torchrun(args: list[str], cwd: Path, data_dir: Path, nproc: int = 2, tim
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     cmd += [str(ROOT / "train.py"), *args]
     return subprocess.run(cmd, cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)
+
+
+def _env(data_dir: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "IMGTRAIN_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", **extra}
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, "the run ended before writing " + str(path)
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def interrupt(args: list[str], run_dir: Path, data_dir: Path) -> str:
+    """Start train.py, SIGTERM its whole process group once last.pt exists; return its stderr."""
+    cmd = [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"]
+    # Its own session, so the signal goes to the whole process group (DataLoader worker included), as
+    # SLURM and Ctrl-C deliver it.
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(data_dir), text=True, start_new_session=True, **_pipes())
+    _wait_for(run_dir / "checkpoints" / "last.pt", proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    return stderr
+
+
+def _pipes() -> dict:
+    return {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}

@@ -28,7 +28,23 @@ def test_quick_benchmark_runs_every_section(tmp_path: Path) -> None:
     assert modes[("shapes", "train, data.device_resident=true")]["images_per_sec"] > 0
     assert [row["num_workers"] for row in report["workers"]][:2] == [0, 1]
     assert all(row["images_per_sec"] > 0 for row in report["workers"])
+    gpu_rows = [*report["gpu_ceilings"], *report["gpu_jpeg"]["rows"]]
+    assert {row["key"] for row in gpu_rows} >= {"r18_ceiling", "r18_resident", "r50_ceiling", "r50_jpeg_cuda"}
     if not torch.cuda.is_available():
-        assert all(row["note"].startswith("not measured") for row in report["gpu"])
+        assert all(row["note"].startswith("not measured") for row in gpu_rows)
     text = out_md.read_text()
     assert "(quick mode: a smoke test, not figures to quote)" in text and "### (c) Loader throughput" in text
+    assert "### (d) GPU" in text and "### (e) GPU" in text
+
+
+def test_only_runs_the_sections_named(tmp_path: Path) -> None:
+    out_json = tmp_path / "bench.json"
+    cmd = [sys.executable, "benchmarks/bench.py", "--quick", "--only", "gpu-ceilings,gpu-jpeg"]
+    cmd += [f"--workdir={tmp_path / 'work'}", f"--json={out_json}", f"--markdown={tmp_path / 'BENCH.md'}"]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out_json.read_text())
+    assert report["sections"] == ["gpu-ceilings", "gpu-jpeg"]
+    assert "overhead" not in report and "modes" not in report and "gpu_ceilings" in report
+    wrong = subprocess.run([*cmd[:3], "--only", "gpu"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and "--only gpu is not a section" in wrong.stderr

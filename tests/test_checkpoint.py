@@ -78,7 +78,7 @@ def test_damaged_last_falls_back_and_is_never_rotated_over_the_good_one(tmp_path
 
     resumed = CheckpointStore(tmp_path / "checkpoints", enabled=True)  # a new process, as on resume
     with caplog.at_level(logging.WARNING):
-        path, payload = resumed.find(torch.device("cpu"))
+        path, payload = resumed.find()
     assert path == resumed.prev and payload["progress"]["step"] == 1
     assert "last.pt is damaged" in caplog.text
     resumed.save(_payload(3))
@@ -91,7 +91,7 @@ def test_all_damaged_is_an_error_naming_the_files(tmp_path: Path) -> None:
     store.last.write_bytes(b"junk")
     store.prev.write_bytes(b"more junk")
     with pytest.raises(RunError, match=r"no usable checkpoint .*last\.pt .*last\.prev\.pt"):
-        store.find(torch.device("cpu"))
+        store.find()
 
 
 def test_a_write_that_does_not_verify_leaves_the_old_file(tmp_path: Path, monkeypatch) -> None:
@@ -149,3 +149,15 @@ def test_saved_generator_states_load_with_weights_only(tmp_path: Path) -> None:
     checkpoint.atomic_save({**_payload(1), "rng": checkpoint.capture_rng()}, path)
     assert checkpoint.load(path)["rng"]["torch"].dtype == torch.uint8
     assert os.stat(path).st_size > 0
+
+
+def test_checkpoints_are_read_into_host_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resume on a GPU crashed when load mapped the RNG states to the GPU: every load maps to the CPU now."""
+    store = CheckpointStore(tmp_path / "checkpoints", enabled=True)
+    store.save({**_payload(1), "rng": checkpoint.capture_rng()})
+    seen = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **kw: seen.append(kw.get("map_location")) or real_load(*a, **kw))
+    path, payload = checkpoint.locate("auto", store)
+    checkpoint.restore_rng(payload["rng"])
+    assert path == store.last and seen == ["cpu"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import pickle
@@ -31,6 +32,7 @@ from imgtrain.datasets import (
     build_synthetic,
     split_indices,
 )
+from imgtrain.jpeg import jpeg_problem
 
 # torchvision 0.29 warns on every torchvision.io decode; pytest overrides the filter set in datasets.py.
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
@@ -283,3 +285,29 @@ def test_cifar_items_from_local_files(tmp_path, monkeypatch, name, size):
     if size == 32:
         raw = torch.from_numpy(CIFAR10(str(tmp_path), train=False).data[3]).permute(2, 0, 1)
         assert torch.equal(bundle.val[3][0], raw) and bundle.val[3][1] == 3
+
+
+def _jpeg(image: Image.Image, **save: object) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", **save)
+    return buffer.getvalue()
+
+
+def test_jpeg_problem_reads_truncation_and_cmyk_from_the_markers() -> None:
+    """What decode=cuda's workers check before handing bytes to nvJPEG, which may not report either case."""
+    picture = shapes.render(3, 96, np.random.default_rng(0))
+    whole = _jpeg(picture, quality=90)
+    assert jpeg_problem(whole) is None
+    assert jpeg_problem(_jpeg(picture, progressive=True)) is None
+    assert jpeg_problem(_jpeg(picture.convert("L"))) is None  # grayscale decodes to RGB on the GPU too
+    assert jpeg_problem(whole + b"\0" * 100) is None  # padding after the end-of-image marker is harmless
+    assert jpeg_problem(whole[: len(whole) // 2]) == "truncated JPEG (no end-of-image marker)"
+    assert "CMYK" in jpeg_problem(_jpeg(picture.convert("CMYK")))
+    assert jpeg_problem(b"GIF89a....") == "not a JPEG file (dataset.decode=cuda decodes JPEG only)"
+    assert jpeg_problem(whole[:40]).startswith("truncated JPEG")
+    # An EXIF thumbnail carries its own end-of-image marker before the main image's data: still truncated.
+    thumbnail = _jpeg(picture.resize((16, 16)))
+    exif = Image.Exif()
+    with_thumbnail = _jpeg(picture, exif=exif.tobytes() + thumbnail)
+    assert jpeg_problem(with_thumbnail) is None
+    assert jpeg_problem(with_thumbnail[: len(with_thumbnail) - 300]) == "truncated JPEG (no end-of-image marker)"

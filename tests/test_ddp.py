@@ -93,11 +93,46 @@ def test_submitit_local_with_two_tasks(tmp_path: Path, data_dir: Path) -> None:
 def test_more_processes_than_gpus_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # every process sees the same, only GPU
     info = dist.DistInfo(rank=1, local_rank=1, world_size=2, local_world_size=2)
     with pytest.raises(ConfigError, match="2 processes on this node but only 1 GPU"):
         dist.resolve_device("cuda", info)
     with pytest.raises(ConfigError, match="2 processes on this node"):
         dist.resolve_device("auto", dist.DistInfo(rank=0, local_rank=0, world_size=2, local_world_size=2))
+
+
+def test_a_task_that_sees_only_its_own_gpu_uses_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLURM --gpus-per-task=1: task 1 of 2 on a node sees one GPU, as device 0."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    info = dist.DistInfo(rank=1, local_rank=1, world_size=2, local_world_size=2)
+    assert dist.resolve_device("auto", info) == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # two visible: LOCAL_RANK picks, as before
+    assert dist.resolve_device("auto", info) == torch.device("cuda", 1)
+
+
+def test_nccl_binds_the_process_group_to_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = {}
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(dist, "_rendezvous_store", lambda timeout_s: torch.distributed.HashStore())
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kw: calls.update(kw))
+    monkeypatch.setattr(torch.distributed, "new_group", lambda **kw: None)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    dist.setup(dist.DistInfo(world_size=2, local_world_size=2), torch.device("cuda", 1))
+    assert calls["backend"] == "nccl" and calls["device_id"] == torch.device("cuda", 1)
+    calls.clear()
+    dist.setup(dist.DistInfo(world_size=2, local_world_size=2), torch.device("cpu"))
+    assert calls["backend"] == "gloo" and "device_id" not in calls
+
+
+def test_a_single_torchrun_process_joins_a_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nanoGPT's rule: under torchrun, even --nproc_per_node=1 runs the DDP path (and its backend)."""
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.setenv(key, "1" if "SIZE" in key else "0")
+    assert not dist.dist_info_from_env().enabled
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    assert dist.dist_info_from_env().enabled
 
 
 def test_dist_info_from_torchrun_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from imgtrain.device_data import CudaPrefetcher, ResidentLoader, pad_crop_flip
+from imgtrain.device_data import ResidentLoader, pad_crop_flip
 from imgtrain.loader import Batch, EpochSampler
 
 
@@ -38,20 +40,10 @@ def test_resident_loader_follows_the_epoch_sampler_and_resumes_exactly() -> None
         assert torch.equal(a.labels, b.labels) and torch.equal(a.images, b.images)  # same crops and flips too
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_prefetcher_yields_every_batch_on_the_device() -> None:
-    batches = [
-        Batch(torch.full((2, 3, 4, 4), i, dtype=torch.uint8).pin_memory(), torch.tensor([i, i])) for i in range(5)
-    ]
-    out = list(CudaPrefetcher(iter(batches), torch.device("cuda", 0)))
-    assert [b.labels.tolist() for b in out] == [[i, i] for i in range(5)]
-    assert all(b.images.is_cuda and int(b.images[0, 0, 0, 0]) == i for i, b in enumerate(out))
-
-
 def test_encoded_jpegs_collate_as_a_list_and_decode_in_one_call(tmp_path) -> None:
     """dataset.decode=cuda's path, run on the CPU: the code is the same, only decode_jpeg's device differs."""
     from imgtrain.datasets import EncodedFileDataset, ImageFileDataset, build_shapes, eval_transform
-    from imgtrain.device_data import decode_on_device
+    from imgtrain.device_data import JpegBatchDecoder
     from imgtrain.loader import GuardedSamples, collate
 
     bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, False, str(tmp_path), 20, 10, 0)
@@ -59,10 +51,28 @@ def test_encoded_jpegs_collate_as_a_list_and_decode_in_one_call(tmp_path) -> Non
     encoded = GuardedSamples(EncodedFileDataset(paths, [0, 1, 2, 3], bundle.classes, eval_transform(24)))
     batch = collate([encoded[i] for i in range(4)])
     assert isinstance(batch.images, list) and batch.images[0].dim() == 1 and batch.labels.tolist() == [0, 1, 2, 3]
-    images = decode_on_device(batch.images, eval_transform(24), torch.device("cpu"))
-    assert images.shape == (4, 3, 24, 24) and images.dtype == torch.uint8
+    assert batch.sources == tuple(paths)
+    decoded = JpegBatchDecoder(eval_transform(24))(batch, torch.device("cpu"))
+    assert decoded.images.shape == (4, 3, 24, 24) and decoded.images.dtype == torch.uint8
     decoded_by_workers = ImageFileDataset(paths, [0, 1, 2, 3], bundle.classes, eval_transform(24))
-    assert all(torch.equal(images[i], decoded_by_workers[i][0]) for i in range(4))  # the same pixels either way
+    assert all(torch.equal(decoded.images[i], decoded_by_workers[i][0]) for i in range(4))  # the same pixels
+
+
+def test_a_batch_decode_failure_replaces_only_the_bad_file_and_reports_it(tmp_path) -> None:
+    """One file the decoder rejects mid-stream: the rest of the batch decodes, the bad one is replaced and named."""
+    from imgtrain.datasets import build_shapes, train_transform
+    from imgtrain.device_data import JpegBatchDecoder
+
+    bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, False, str(tmp_path), 20, 10, 0)
+    paths = [bundle.train.path(i) for i in range(4)]
+    data = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p in paths]
+    broken = data[1][: data[1].numel() // 2].clone()  # cut short: torchvision's decoders refuse it
+    batch = Batch([data[0], broken, data[2], data[3]], torch.tensor([0, 1, 2, 3]), (), tuple(paths))
+    out = JpegBatchDecoder(train_transform(24))(batch, torch.device("cpu"))
+    assert out.images.shape == (4, 3, 24, 24)
+    assert out.labels.tolist() == [0, 2, 2, 3]  # the stand-in is the next readable image, with its label
+    assert len(out.skipped) == 1 and out.skipped[0].startswith(f"{paths[1]}: ")
+    assert batch.labels.tolist() == [0, 1, 2, 3]  # the loader's own tensor is left as it was
 
 
 def test_gpu_decode_without_a_gpu_is_one_clear_line(tmp_path, data_dir) -> None:
@@ -78,3 +88,34 @@ def test_gpu_decode_without_a_gpu_is_one_clear_line(tmp_path, data_dir) -> None:
     assert (
         "error: dataset.decode=cuda needs a CUDA device, and this run uses cpu: use dataset.decode=cpu" in result.stderr
     )
+
+
+def test_the_decode_thread_keeps_order_ends_cleanly_and_hands_errors_over(tmp_path) -> None:
+    """dataset.decode=cuda's background stage, run on the CPU: the same thread and queue, no CUDA stream."""
+    from imgtrain.datasets import build_shapes, train_transform
+    from imgtrain.device_data import GpuJpegBatches
+
+    bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, False, str(tmp_path), 40, 10, 0)
+    paths = [bundle.train.path(i) for i in range(40)]
+    data = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p in paths]
+    batches = [Batch(data[i : i + 8], torch.arange(i, i + 8), (), tuple(paths[i : i + 8])) for i in range(0, 40, 8)]
+    cpu = torch.device("cpu")
+    with GpuJpegBatches(iter(batches), train_transform(24), cpu) as stage:
+        out = list(stage)
+        assert next(stage, None) is None  # stays exhausted
+    assert [b.labels.tolist() for b in out] == [b.labels.tolist() for b in batches]
+    assert all(b.images.shape == (8, 3, 24, 24) and b.images.dtype == torch.float32 for b in out)
+    assert not stage.thread.is_alive()
+
+    with GpuJpegBatches(iter(batches), train_transform(24), cpu, depth=1) as stage:
+        next(stage)  # the loop stops early: leaving the block must stop the thread, which is ahead of it
+    assert not stage.thread.is_alive()
+
+    def failing():
+        yield batches[0]
+        raise RuntimeError("DataLoader worker (pid 123) is killed by signal: Killed.")
+
+    with GpuJpegBatches(failing(), train_transform(24), cpu) as stage:
+        next(stage)
+        with pytest.raises(RuntimeError, match="is killed by signal"):
+            next(stage)

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from imgtrain.config import DataConfig
-from imgtrain.loader import EpochSampler, ShardSampler, auto_num_workers, build_loader, init_worker, plan_loader
+from imgtrain.loader import (
+    EpochSampler,
+    ShardSampler,
+    auto_num_workers,
+    build_loader,
+    init_worker,
+    plan_loader,
+    sample_seeds,
+)
 
 
 def _dataset(n: int = 64) -> TensorDataset:
@@ -182,3 +191,24 @@ def test_epoch_sampler_resumes_exactly_where_it_stopped(world_size: int, consume
         assert len(resumed[rank]) == len(full[rank]) - consumed // world_size
     seeds = [seed for shard in full for _, seed in shard]
     assert len(set(seeds)) == len(seeds)  # every sample of the epoch has its own augmentation seed
+
+
+def _splitmix_reference(seed: int, epoch: int, index: int) -> int:
+    """The per-sample seed as first written, in plain Python integers: the NumPy version must agree."""
+    mask = (1 << 64) - 1
+    x = (seed * 0x9E3779B97F4A7C15 + epoch * 0xD1B54A32D192ED03 + index) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return (x ^ (x >> 31)) >> 1
+
+
+def test_per_sample_seeds_are_computed_with_numpy_and_match_the_hash() -> None:
+    indices = np.array([0, 1, 2, 49_999, 2**40], dtype=np.int64)
+    for seed, epoch in ((0, 0), (7, 3), (2**31 - 1, 1000)):
+        expected = [_splitmix_reference(seed, epoch, int(i)) for i in indices]
+        assert sample_seeds(seed, epoch, indices).tolist() == expected
+    sampler = EpochSampler(50, num_replicas=2, rank=1, shuffle=True, seed=4, drop_last=True)
+    sampler.set_epoch(2, start=5)
+    order, seeds = sampler.order()
+    assert list(sampler) == [(int(i), _splitmix_reference(4, 2, int(i))) for i in order]
+    assert len(order) == len(sampler) == 20 and seeds.dtype == np.int64

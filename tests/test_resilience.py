@@ -5,35 +5,16 @@ Every test drives `train.py` as a real subprocess, as a user or a scheduler woul
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import FAST, ROOT, read_metrics, run_train
+from helpers import FAST, RESUMABLE, interrupt, read_metrics, run_train
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-# 2 epochs of 8 steps, deterministic, a checkpoint every 3 steps; one worker, so the stop signal reaches one.
-RESUMABLE = [*FAST, "trainer.epochs=2", "trainer.ckpt_every_n_steps=3", "trainer.deterministic=true"]
 TESTS_DIR = str(Path(__file__).parent)
-
-
-def _env(data_dir: Path, **extra: str) -> dict[str, str]:
-    return {**os.environ, "IMGTRAIN_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", **extra}
-
-
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, "the run ended before writing " + str(path)
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
 
 
 def _steps(run_dir: Path, tag: str) -> list[tuple[int, float]]:
@@ -51,7 +32,7 @@ def test_sigterm_saves_and_the_resumed_run_matches_an_uninterrupted_one(tmp_path
     assert run_train(RESUMABLE, straight, data_dir).returncode == 0
 
     run_dir = tmp_path / "interrupted"
-    stderr = _interrupt(RESUMABLE, run_dir, data_dir)
+    stderr = interrupt(RESUMABLE, run_dir, data_dir)
     assert "stopped: SIGTERM at step" in stderr and "Traceback" not in stderr
     stopped = _ckpt(run_dir / "checkpoints" / "last.pt")["progress"]
     assert 3 <= stopped["step"] < 16 and not (run_dir / "metrics.json").exists()
@@ -71,23 +52,6 @@ def test_sigterm_saves_and_the_resumed_run_matches_an_uninterrupted_one(tmp_path
     logged = [step for step, _ in _steps(run_dir, "train/loss")]
     assert logged == [step for step, _ in _steps(straight, "train/loss")] == list(range(2, 17, 2))
     assert _steps(run_dir, "val/acc") == _steps(straight, "val/acc")
-
-
-def _interrupt(args: list[str], run_dir: Path, data_dir: Path) -> str:
-    """Start train.py, SIGTERM its whole process group once last.pt exists; return its stderr."""
-    cmd = [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"]
-    # Its own session, so the signal goes to the whole process group (DataLoader worker included), as
-    # SLURM and Ctrl-C deliver it.
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(data_dir), text=True, start_new_session=True, **_pipes())
-    _wait_for(run_dir / "checkpoints" / "last.pt", proc)
-    os.killpg(proc.pid, signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, stderr
-    return stderr
-
-
-def _pipes() -> dict:
-    return {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
 
 
 def test_a_damaged_last_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, data_dir: Path) -> None:
@@ -210,7 +174,7 @@ def test_device_resident_training_resumes_exactly(tmp_path: Path, data_dir: Path
     straight = tmp_path / "straight"
     assert run_train(args, straight, data_dir).returncode == 0
     part = tmp_path / "part"
-    _interrupt(args, part, data_dir)
+    interrupt(args, part, data_dir)
     resumed = run_train(args, part, data_dir)
     assert resumed.returncode == 0 and "resuming from" in resumed.stdout
     a, b = _ckpt(straight / "checkpoints" / "last.pt"), _ckpt(part / "checkpoints" / "last.pt")

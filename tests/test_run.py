@@ -106,3 +106,47 @@ def test_workers_are_shut_down_when_a_job_ends(tmp_path: Path, data_dir: Path) -
 def test_compile(tmp_path: Path) -> None:
     _, metrics = _run(tmp_path, "trainer.compile=true", "trainer.max_steps=3")
     assert metrics["steps"] == 3 and math.isfinite(metrics["val_loss"])
+
+
+def test_auto_precision_is_bf16_only_where_the_gpu_in_use_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.cuda.is_bf16_supported() also says yes on GPUs that emulate bf16; ask the device in use."""
+    import torch
+
+    asked = []
+    capability = {0: (9, 0), 1: (7, 0)}  # an H100 as device 0, a V100 as device 1
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: asked.append(d) or capability[d.index])
+    assert resolve_precision("auto", torch.device("cuda", 0)) == "bf16"
+    assert resolve_precision("auto", torch.device("cuda", 1)) == "fp32"
+    assert asked == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    with pytest.raises(ConfigError, match="needs compute capability 8.0 or higher, and cuda:1 has 7.0"):
+        resolve_precision("bf16", torch.device("cuda", 1))
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_cudnn_autotunes_unless_the_run_is_deterministic(tmp_path: Path, deterministic: bool) -> None:
+    import torch
+
+    torch.backends.cudnn.benchmark = deterministic  # the opposite of what the run must set
+    _run(tmp_path, f"trainer.deterministic={str(deterministic).lower()}", "trainer.max_steps=1")
+    assert torch.backends.cudnn.benchmark is (not deterministic)
+    assert torch.are_deterministic_algorithms_enabled() is deterministic
+    torch.use_deterministic_algorithms(False)
+
+
+def test_compute_ceiling_runs_max_steps_whatever_the_dataset_size(tmp_path: Path) -> None:
+    """96 images of batch 16 are 6 steps an epoch; a ceiling measurement must not stop there."""
+    _, metrics = _run(tmp_path, "mode=compute", "trainer.epochs=1", "trainer.max_steps=15")
+    assert metrics["steps"] == 15 and metrics["measured_steps"] == 14  # all but the one warm-up step
+
+
+def test_compiled_jobs_reset_dynamo_for_the_next_job_of_a_sweep(tmp_path: Path, monkeypatch) -> None:
+    import torch
+
+    resets = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: model)  # what is compiled does not matter here
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
+    _run(tmp_path / "a", "trainer.compile=true", "trainer.max_steps=1")
+    assert resets == [1]
+    _run(tmp_path / "b", "trainer.max_steps=1")
+    assert resets == [1]  # nothing compiled, nothing to reset

@@ -95,13 +95,18 @@ def atomic_save(payload: dict[str, Any], path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Read and check a checkpoint (weights_only: no code runs from the file); CheckpointError if unusable."""
+def load(path: Path) -> dict[str, Any]:
+    """Read and check a checkpoint (weights_only: no code runs from the file); CheckpointError if unusable.
+
+    Everything lands in host memory: `load_state_dict` then places each tensor where its module or optimizer
+    lives (AdamW's `step` stays on the CPU unless the optimizer is fused), and the RNG states must be CPU
+    tensors anyway. Mapping to the GPU here broke resume on CUDA.
+    """
     reason = damage(path)
     if reason:
         raise CheckpointError(reason)
     try:
-        payload = torch.load(path, map_location=device, weights_only=True)
+        payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - any unpickling failure means the same thing here
         raise CheckpointError(str(error).strip().splitlines()[0]) from error
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
@@ -158,14 +163,14 @@ class CheckpointStore:
             self._last_trusted = damage(self.last) is None
         return self._last_trusted
 
-    def find(self, device: torch.device) -> tuple[Path, dict[str, Any]] | None:
+    def find(self) -> tuple[Path, dict[str, Any]] | None:
         """The newest usable checkpoint here (last.pt, else last.prev.pt with a warning); None if there is none."""
         problems = []
         for path in (self.last, self.prev):
             if not path.exists():
                 continue
             try:
-                payload = load(path, device)
+                payload = load(path)
             except CheckpointError as error:
                 problems.append(f"{path.name} ({error})")
                 log.warning("checkpoint %s is damaged (%s): trying the previous one", path, error)
@@ -183,15 +188,15 @@ class CheckpointStore:
         return None
 
 
-def locate(resume: str, store: CheckpointStore, device: torch.device) -> tuple[Path, dict[str, Any]] | None:
+def locate(resume: str, store: CheckpointStore) -> tuple[Path, dict[str, Any]] | None:
     """What `trainer.resume` points at: auto (this run directory's checkpoints), none, or a file."""
     if resume == "none":
         return None
     if resume == "auto":
-        return store.find(device)
+        return store.find()
     path = Path(resume).expanduser()
     try:
-        return path, load(path, device)
+        return path, load(path)
     except CheckpointError as error:
         raise ConfigError(f"trainer.resume={resume} cannot be used: {error}") from None
 
@@ -233,14 +238,14 @@ def progress_dict(progress: Progress) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- resume and save, for run()
-def resume(settings: Config, store: CheckpointStore, base: nn.Module, step: Any, info: Any, device) -> Progress:
+def resume(settings: Config, store: CheckpointStore, base: nn.Module, step: Any, info: Any) -> Progress:
     """Load what `trainer.resume` points at (rank 0 chooses the file, every rank reads it); else start fresh."""
     if settings.mode != "train":
         return Progress()
     found, problem = None, None
     if info.is_main:
         try:
-            found = locate(settings.trainer.resume, store, device)
+            found = locate(settings.trainer.resume, store)
         except (ConfigError, RunError) as error:
             problem = error
     chosen = broadcast_object(("error", str(problem)) if problem else str(found[0]) if found else None, info)
@@ -248,7 +253,7 @@ def resume(settings: Config, store: CheckpointStore, base: nn.Module, step: Any,
         raise problem if problem else RunError(chosen[1])
     if chosen is None:
         return Progress()
-    payload = found[1] if info.is_main else load(Path(chosen), device)
+    payload = found[1] if info.is_main else load(Path(chosen))
     try:
         base.load_state_dict(payload["model"])
         step.load_state_dict(payload)

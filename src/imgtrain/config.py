@@ -162,7 +162,7 @@ class TrainerConfig:
     channels_last: Any = AUTO  # auto (on for CUDA), true or false
     compile: bool = False  # torch.compile the model
     seed: int = 0
-    deterministic: bool = False  # torch.use_deterministic_algorithms, for bit-exact CPU reruns
+    deterministic: bool = False  # deterministic algorithms, cuDNN autotuning off: bit-exact reruns, also on GPU
     warmup_steps: int = 10  # steps excluded from throughput: start-up, first batches, allocator warm-up
     log_every_n_steps: int = 20  # when the loop reads loss and accuracy back from the GPU, and logs
     lr_warmup_epochs: float = 0.5  # linear LR warmup, then cosine decay to zero

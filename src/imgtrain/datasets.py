@@ -24,6 +24,7 @@ from torchvision.transforms import v2
 
 from imgtrain import shapes
 from imgtrain.config import ConfigError
+from imgtrain.jpeg import EncodedJpeg, jpeg_problem
 
 DOWNLOAD_TIMEOUT_S = 20.0  # socket timeout for the CIFAR download, so an offline machine fails fast
 CIFAR_FILES = {
@@ -114,18 +115,19 @@ class ImageFileDataset(Dataset):
 
 class EncodedFileDataset(ImageFileDataset):
     """JPEG files as undecoded bytes (dataset.decode=cuda): the training process decodes whole batches on the
-    GPU and applies `transform` there, so workers only read files."""
+    GPU and applies `transform` there, so workers only read files (and check their markers)."""
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[EncodedJpeg, int]:
         path = self.path(index)
         try:
             with open(path, "rb") as f:
-                data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+                raw = bytearray(f.read())
         except OSError as error:
             raise CorruptSampleError(f"{path}: {error.strerror or error}") from None
-        if data.numel() < 4 or data[0] != 0xFF or data[1] != 0xD8:  # the JPEG start-of-image marker
-            raise CorruptSampleError(f"{path}: not a JPEG file (dataset.decode=cuda decodes JPEG only)")
-        return data, int(self.labels[index])
+        problem = jpeg_problem(raw)
+        if problem:
+            raise CorruptSampleError(f"{path}: {problem}")
+        return EncodedJpeg(torch.frombuffer(raw, dtype=torch.uint8), path), int(self.labels[index])
 
 
 class TensorImageDataset(Dataset):

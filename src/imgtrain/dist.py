@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ import torch.distributed as dist
 
 from imgtrain.config import ConfigError
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -22,10 +25,11 @@ class DistInfo:
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1
+    launched: bool = False  # started by torchrun: even one process then joins a process group (nanoGPT's rule)
 
     @property
     def enabled(self) -> bool:
-        return self.world_size > 1
+        return self.world_size > 1 or self.launched
 
     @property
     def is_main(self) -> bool:
@@ -77,19 +81,28 @@ def dist_info_from_env() -> DistInfo:
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         world_size=world_size,
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
+        launched="TORCHELASTIC_RUN_ID" in os.environ,
     )
 
 
 def resolve_device(requested: str, info: DistInfo) -> torch.device:
-    """`auto` picks CUDA when present; each process takes the GPU of its LOCAL_RANK."""
+    """`auto` picks CUDA when present; each process takes the GPU of its LOCAL_RANK.
+
+    A process that sees exactly one GPU through its own CUDA_VISIBLE_DEVICES uses it whatever its LOCAL_RANK:
+    SLURM's `--gpus-per-task=1` shows each task its own GPU only, as device 0. (Without that variable, several
+    processes seeing one GPU share it: an error, below.)
+    """
     has_cuda = torch.cuda.is_available()
     if requested == "cuda" and not has_cuda:
         raise ConfigError("trainer.device=cuda but no CUDA GPU is visible: use trainer.device=auto or cpu")
     if requested == "cpu" or not has_cuda:
         return torch.device("cpu")
-    if max(info.local_rank + 1, info.local_world_size) > torch.cuda.device_count():
+    visible = torch.cuda.device_count()
+    if visible == 1 and (info.local_world_size == 1 or "CUDA_VISIBLE_DEVICES" in os.environ):
+        return torch.device("cuda", 0)
+    if max(info.local_rank + 1, info.local_world_size) > visible:
         raise ConfigError(
-            f"{info.local_world_size} processes on this node but only {torch.cuda.device_count()} GPU(s) are "
+            f"{info.local_world_size} processes on this node but only {visible} GPU(s) are "
             "visible: start at most one process per GPU (torchrun --nproc_per_node) or use trainer.device=cpu"
         )
     return torch.device("cuda", info.local_rank)
@@ -119,11 +132,19 @@ def setup(info: DistInfo, device: torch.device, timeout_s: float = 600.0) -> Non
     # torchrun --max-restarts starts new workers against the same agent store: the restart count keeps apart too.
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"imgtrain/r{restart}/job{next(_job_counter)}", _rendezvous_store(timeout_s))
+    # device_id: NCCL binds the communicator to this GPU now, instead of guessing it at the first collective.
+    bound = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(
-        backend=backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timedelta(seconds=timeout_s)
+        backend=backend,
+        store=store,
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=timedelta(seconds=timeout_s),
+        **bound,
     )
     global _host_group
     _host_group = dist.new_group(backend="gloo") if backend == "nccl" else None  # None: the gloo default group
+    log.info("process group: %s, rank %d of %d, on %s", backend, info.rank, info.world_size, device)
 
 
 @contextlib.contextmanager

@@ -62,7 +62,9 @@ def build_data(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: t
             f"{len(bundle.train)} images with data.drop_last=true: lower it or set drop_last=false"
         )
     if settings.mode == "compute":  # the compute ceiling: no loader at all, one batch already on the device
-        train_loader = DeviceBatches.random(bundle, train_plan.kwargs["batch_size"], len(train_loader), device)
+        # trainer.max_steps steps in one pass: the dataset's size does not cut a ceiling measurement short
+        length = settings.trainer.max_steps or len(train_loader)
+        train_loader = DeviceBatches.random(bundle, train_plan.kwargs["batch_size"], length, device)
     elif train_plan.device_resident:
         sampler = train_sampler(len(bundle.train), train_plan, seed=seed, **shard)
         train_loader = build_resident(

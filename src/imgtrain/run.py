@@ -6,6 +6,7 @@ import gc
 import json
 import logging
 import math
+import os
 import random
 import signal
 import time
@@ -71,6 +72,8 @@ def _run(cfg: DictConfig) -> float:
         summary = _train(cfg, settings, info, device, precision)
     finally:
         dist.teardown()
+        if settings.trainer.compile:
+            torch._dynamo.reset()  # the next job of a sweep compiles its own model, not this one's cached graphs
         gc.collect()  # shut down DataLoader workers and free memory before the next job of a sweep
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -79,12 +82,16 @@ def _run(cfg: DictConfig) -> float:
 
 
 def _seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed every generator; cuDNN autotunes its convolutions unless the run must be reproducible."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # same on every rank: identical initial weights (DDP also broadcasts them)
-    if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
+    if deterministic:  # cuBLAS is reproducible only with a fixed workspace (read when its handle is made)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    # benchmark: cuDNN times a few algorithms per input shape once, then keeps the fastest. The choice can
+    # differ between runs, so a deterministic run keeps it off.
+    torch.backends.cudnn.benchmark = not deterministic
 
 
 @dataclass
@@ -134,7 +141,7 @@ def _train(cfg: DictConfig, settings: Config, info: dist.DistInfo, device: torch
     )
     writes = settings.mode == "train" and trainer.save_checkpoints  # the ceiling modes measure speed only
     store = CheckpointStore(out_dir / checkpoint.DIRNAME, enabled=writes and info.is_main)
-    progress = checkpoint.resume(settings, store, base, step, info, device)
+    progress = checkpoint.resume(settings, store, base, step, info)
     finished = out_dir / "metrics.json"
     if progress.step >= total_steps and finished.exists():
         log.info("this run already finished at step %d: %s is kept as it is", progress.step, finished)
@@ -235,8 +242,10 @@ def train_epoch(model: nn.Module, loader, step: Step, loop: Loop) -> bool:
         loop.nan_step = torch.full((), -1, dtype=torch.long, device=device)
     bar = report.progress_bar(remaining, progress.epoch, trainer.progress_bar)
     loop.meter.start_window()
-    with guards.workers_stopped_on_error(iter(loader)) as loader_batches:
-        batches = step.prefetch(loader_batches)  # CUDA: the next batch's copy overlaps this step's compute
+    with (
+        guards.workers_stopped_on_error(iter(loader)) as loader_batches,
+        step.batches(loader_batches) as batches,  # CUDA: the next batch's copy (or GPU decode) overlaps compute
+    ):
         while progress.step < loop.total_steps:
             wait_start = time.perf_counter()
             batch = guards.next_batch(batches, loop.settings.data)  # blocks while no batch is ready: data wait
@@ -388,10 +397,13 @@ def evaluate(model: nn.Module, loader, step: Step, loop: Loop) -> dict[str, floa
     """Top-1 accuracy and mean loss over the validation set, each sample counted once across ranks."""
     model.eval()
     totals = torch.zeros(4, device=step.device, dtype=torch.float64)  # loss sum, correct, count, unreadable
-    with guards.workers_stopped_on_error(iter(loader)) as batches:
+    with (
+        guards.workers_stopped_on_error(iter(loader)) as loader_batches,
+        step.batches(loader_batches, split="val") as batches,
+    ):
         while (batch := guards.next_batch(batches, loop.settings.data)) is not None:
             loop.bad.report(batch.skipped)
-            images, labels = step.to_device(batch.images, batch.labels, split="val")
+            images, labels = step.to_device(batch.images, batch.labels)
             with step.autocast():
                 logits = model(images)
             totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")

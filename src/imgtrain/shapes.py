@@ -159,14 +159,14 @@ def _render_chunk(args: tuple[str, str, int, int, list[int]]) -> int:
 
 
 # ----------------------------------------------------------------------------- generation on disk
-def _num_processes(total: int) -> int:
+def _num_processes(total: int, most: int) -> int:
     if total < POOL_MIN_IMAGES:
         return 1
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(cpus, 8))
+    return max(1, min(cpus, most))
 
 
-def _generate_into(out_dir: str, image_size: int, counts: dict[str, int], seed: int) -> None:
+def _generate_into(out_dir: str, image_size: int, counts: dict[str, int], seed: int, processes: int) -> None:
     tasks = []
     for split, count in counts.items():
         for name in CLASSES:
@@ -175,7 +175,7 @@ def _generate_into(out_dir: str, image_size: int, counts: dict[str, int], seed: 
         tasks += [
             (out_dir, split, image_size, seed, list(range(i, min(i + step, count)))) for i in range(0, count, step)
         ]
-    processes = _num_processes(sum(counts.values()))
+    processes = _num_processes(sum(counts.values()), processes)
     if processes == 1:
         for task in tasks:
             _render_chunk(task)
@@ -187,8 +187,11 @@ def _generate_into(out_dir: str, image_size: int, counts: dict[str, int], seed: 
             pass
 
 
-def ensure_shapes(root: str, image_size: int, num_train: int, num_val: int, seed: int) -> str:
-    """Return `<root>/<key>` holding train/ and val/ ImageFolder trees, generating them on first use."""
+def ensure_shapes(root: str, image_size: int, num_train: int, num_val: int, seed: int, processes: int = 8) -> str:
+    """Return `<root>/<key>` holding train/ and val/ ImageFolder trees, generating them on first use.
+
+    At most `processes` CPUs draw (8 by default: training may start beside it; the benchmarks use them all).
+    """
     root = os.path.abspath(os.path.expanduser(root))
     final = os.path.join(root, dataset_key(image_size, num_train, num_val, seed))
     if os.path.isdir(final):
@@ -197,7 +200,7 @@ def ensure_shapes(root: str, image_size: int, num_train: int, num_val: int, seed
     tmp = os.path.join(root, f".tmp-{os.path.basename(final)}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     start = time.perf_counter()
     try:
-        _generate_into(tmp, image_size, {"train": num_train, "val": num_val}, seed)
+        _generate_into(tmp, image_size, {"train": num_train, "val": num_val}, seed, processes)
         os.rename(tmp, final)  # atomic: readers see either nothing or the complete tree
     except OSError:
         if not os.path.isdir(final):
