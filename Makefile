@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 NPROC ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install train ddp sweep bench bench-quick test test-gpu test-all lint format clean
+.PHONY: help install train ddp sweep bench bench-quick test test-slow test-gpu test-all lint format clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -36,8 +36,11 @@ bench: $(STAMP) ## The benchmark harness (~8 min on 2 CPUs): JSON in benchmarks/
 bench-quick: $(STAMP) ## The harness's smoke test: every path, few steps, report to a temporary directory
 	$(BIN)/python benchmarks/bench.py --quick --workdir $$(mktemp -d) --json /tmp/imgtrain-bench-quick.json --markdown /tmp/imgtrain-bench-quick.md
 
-test: $(STAMP) ## Run the fast test suite (slow tests: make test-all)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+test: $(STAMP) ## Run the fast test suite (under 5 minutes on 2 cores; slow tests: make test-slow or make test-all)
+	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
+
+test-slow: $(STAMP) ## Run only the slow tests (what CI runs after make test)
+	$(BIN)/python -m pytest -m slow --durations=15 $(PYTEST_ARGS)
 
 test-gpu: $(STAMP) ## Run the CUDA tests (tests/test_gpu.py) on this machine's GPU; they skip without one
 	$(BIN)/python -m pytest -m gpu -rs $(PYTEST_ARGS)

@@ -5,11 +5,10 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from imgtrain.cli import escalate_errors, run_guarded
-from imgtrain.config import register_configs
+from imgtrain.cli import escalate_errors, register, run_guarded
 from imgtrain.run import run
 
-register_configs()
+register()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 import torchvision
 from torch.utils.data import DataLoader
 
-from imgtrain.datasets import build_shapes
-from imgtrain.loader import auto_num_workers
+from imgtrain.data.datasets import build_shapes
+from imgtrain.data.loader import auto_num_workers
 
 
 def main() -> None:

@@ -36,8 +36,8 @@ import torchvision
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from imgtrain.loader import available_cpus  # noqa: E402
-from imgtrain.shapes import ensure_shapes  # noqa: E402
+from imgtrain.data.shapes import ensure_shapes  # noqa: E402
+from imgtrain.host import available_cpus  # noqa: E402
 
 NOT_MEASURED = "not measured: no CUDA device on this machine"
 

@@ -18,8 +18,8 @@ from torchvision.io import ImageReadMode, decode_jpeg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import test_gpu  # noqa: E402
 
-import imgtrain.device_data as device_data  # noqa: E402
-from imgtrain.shapes import ensure_shapes  # noqa: E402
+import imgtrain.data.gpu_decode as device_data  # noqa: E402
+from imgtrain.data.shapes import ensure_shapes  # noqa: E402
 
 TESTS = (
     "test_gpu_decode_never_overwrites_memory_that_queued_kernels_still_read",

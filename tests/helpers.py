@@ -13,28 +13,18 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from imgtrain.config import register_configs
+from imgtrain.cli import register
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
 
-# A run that takes seconds on 2 CPU cores: 256 images of 32 px, 8 steps of 32.
-FAST = [
-    "dataset.num_train=256",
-    "dataset.num_val=64",
-    "dataset.image_size=32",
-    "data.batch_size=32",
-    "data.num_workers=1",
-    "trainer.epochs=1",
-    "trainer.warmup_steps=2",
-    "trainer.log_every_n_steps=2",
-    "trainer.monitor_interval_s=0.1",
-]
+# A run that takes seconds on 2 CPU cores (conf/debug/fast.yaml): 256 images of 32 px, 8 steps of 32.
+FAST = ["debug=fast"]
 
 # 2 epochs of 8 steps, deterministic, a checkpoint every 3 steps; one worker, so the stop signal reaches one.
 RESUMABLE = [*FAST, "trainer.epochs=2", "trainer.ckpt_every_n_steps=3", "trainer.deterministic=true"]
 
-register_configs()
+register()
 
 
 def compose_cfg(*overrides: str, output_dir: str = "/tmp/imgtrain-test-unused") -> DictConfig:

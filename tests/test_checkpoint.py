@@ -18,7 +18,7 @@ import torch
 
 from imgtrain import checkpoint
 from imgtrain.checkpoint import CheckpointError, CheckpointStore
-from imgtrain.config import RunError
+from imgtrain.errors import RunError
 
 
 def _payload(step: int, size: int = 1000) -> dict:
@@ -51,7 +51,7 @@ def test_disabled_store_writes_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_damage_is_detected(damage: str, tmp_path: Path) -> None:
     path = tmp_path / "last.pt"
-    checkpoint.atomic_save(_payload(1, size=100_000), path)
+    checkpoint.write_verified(_payload(1, size=100_000), path)
     data = bytearray(path.read_bytes())
     if damage == "truncate":
         data = data[: len(data) // 2]
@@ -146,7 +146,7 @@ def test_generator_states_round_trip() -> None:
 
 def test_saved_generator_states_load_with_weights_only(tmp_path: Path) -> None:
     path = tmp_path / "rng.pt"
-    checkpoint.atomic_save({**_payload(1), "rng": checkpoint.capture_rng()}, path)
+    checkpoint.write_verified({**_payload(1), "rng": checkpoint.capture_rng()}, path)
     assert checkpoint.load(path)["rng"]["torch"].dtype == torch.uint8
     assert os.stat(path).st_size > 0
 

@@ -1,15 +1,21 @@
-"""Bad input on the command line: exit status 2, one line naming the key, no traceback."""
+"""Bad input: one line naming the key and what is accepted, no traceback, nothing left behind; exit status 2.
+
+The messages are checked in the test process (through compose() and run()); a few real `train.py` processes
+check what only a process shows: the exit status, stderr, and HYDRA_FULL_ERROR.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from helpers import run_train
+from helpers import compose_cfg, run_train
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
+from imgtrain import cli
 from imgtrain.cli import one_line
+from imgtrain.run import run
 
 
 def test_one_line_keeps_key_and_reason() -> None:
@@ -42,7 +48,7 @@ BAD_INPUT = [
     ("data.num_workers=-1", "data.num_workers=-1 is invalid: expected an integer >= 0 or auto"),
     ("data.batch_size=0", "data.batch_size=0 is invalid: expected an integer >= 1"),
     ("data.prefetch_factor=0", "data.prefetch_factor=0 is invalid: expected null or an integer >= 1"),
-    ("data.multiprocessing_context=threads", "accepted values are null, fork, spawn, forkserver"),
+    ("data.multiprocessing_context=threads", "expected one of [fork, spawn, forkserver]"),
     ("dataset=bogus", "Available options in 'dataset': cifar10, cifar100, imagefolder, shapes, synthetic"),
     ("data.no_such_key=1", "Key 'no_such_key' not in 'DataConfig'"),
     ("data.batch_size=abc", "data.batch_size=abc: Value 'abc' of type 'str' could not be converted to Integer"),
@@ -51,8 +57,7 @@ BAD_INPUT = [
     ("dataset=imagefolder dataset.root=/no/such/dir", "dataset.root=/no/such/dir is not a directory"),
     ("dataset=imagefolder dataset.root={empty}", "has no class folders with images"),
     ("dataset=imagefolder dataset.root={empty} dataset.val_fraction=1.5", "dataset.val_fraction=1.5 is invalid"),
-    ("trainer.device=cuda {fake_gpu}", "2 processes on this node but only 1 GPU(s) are visible"),
-    ("trainer.nonfinite=ignore", "trainer.nonfinite=ignore is invalid: accepted values are stop, skip"),
+    ("trainer.nonfinite=ignore", "trainer.nonfinite=ignore: Invalid value 'ignore', expected one of [stop, skip]"),
     ("trainer.resume=/no/such.pt", "trainer.resume=/no/such.pt is invalid: expected auto, none or the path"),
     ("data.max_bad_samples=-1", "data.max_bad_samples=-1 is invalid: expected null (no limit) or an integer >= 0"),
     ("dataset=cifar10", "download failed (offline?). Download cifar-10-python.tar.gz"),
@@ -62,19 +67,37 @@ BAD_INPUT = [
 @pytest.mark.parametrize(("override", "expected"), BAD_INPUT, ids=[case[0].split()[-1] for case in BAD_INPUT])
 def test_bad_input_is_one_clear_line(override: str, expected: str, tmp_path: Path, data_dir: Path) -> None:
     (tmp_path / "empty").mkdir()
+    run_dir = tmp_path / "run"
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - what is raised is the point: one line, the right kind
+        run(compose_cfg(*override.replace("{empty}", str(tmp_path / "empty")).split(), output_dir=str(run_dir)))
+    line = one_line(caught.value)
+    assert expected in line and "\n" not in line, line
+    assert line.count(expected) == 1  # said once, not repeated by a wrapping exception
+    assert not cli._is_run_failure(caught.value)  # bad input: exit status 2, not 1
+    # Nothing that looks like a finished run: no metrics, no checkpoints, no TensorBoard events.
+    for leftover in ("metrics.json", "checkpoints", "tb"):
+        assert not (run_dir / leftover).exists(), leftover
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("data.num_workers=-1", "error: data.num_workers=-1 is invalid: expected an integer >= 0 or auto"),
+        ("trainer.device=cuda {fake_gpu}", "2 processes on this node but only 1 GPU(s) are visible"),
+    ],
+    ids=["validation", "device"],
+)
+def test_train_py_exits_2_with_one_line_on_stderr(override: str, expected: str, tmp_path: Path, data_dir: Path):
     env = {}
     if "{fake_gpu}" in override:
         (tmp_path / "sitecustomize.py").write_text(FAKE_ONE_GPU)
         env = {**TWO_PROCESSES, "PYTHONPATH": str(tmp_path)}
-    args = override.replace("{fake_gpu}", "").replace("{empty}", str(tmp_path / "empty")).split()
     run_dir = tmp_path / "run"
-    result = run_train(args, run_dir, data_dir, timeout=120, **env)
+    result = run_train(override.replace("{fake_gpu}", "").split(), run_dir, data_dir, timeout=120, **env)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], result.stderr
-    assert lines[0].count(expected) == 1  # said once, not repeated by a wrapping exception
-    # Nothing that looks like a finished run: no metrics, no checkpoints, no TensorBoard events.
     for leftover in ("metrics.json", "checkpoints", "tb"):
         assert not (run_dir / leftover).exists(), leftover
 

@@ -9,16 +9,20 @@ from helpers import CONF_DIR, compose_cfg
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from imgtrain.cli import one_line
 from imgtrain.config import (
     AdamWConfig,
     CifarConfig,
-    ConfigError,
+    DataConfig,
     ImageFolderConfig,
+    ModelConfig,
     SGDConfig,
     ShapesConfig,
     SyntheticConfig,
+    TrainerConfig,
     validate,
 )
+from imgtrain.errors import ConfigError
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
 OPTIONS = [(group, path.stem) for group in GROUPS for path in sorted((CONF_DIR / group).glob("*.yaml"))]
@@ -34,17 +38,22 @@ SCHEMAS = {
 
 
 def test_every_group_has_options() -> None:
-    assert set(GROUPS) >= {"data", "dataset", "model", "optim", "trainer"}
-    assert len(OPTIONS) >= 12
+    assert set(GROUPS) >= {"data", "dataset", "model", "optim", "trainer", "debug", "experiment"}
+    assert len(OPTIONS) >= 16
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS)
 def test_every_option_composes_and_validates(group: str, option: str, tmp_path: Path) -> None:
-    extra = [f"dataset.root={tmp_path}"] if option == "imagefolder" else []
+    extra = [f"dataset.root={tmp_path}"] if option in ("imagefolder", "imagenet_resnet50") else []
     settings = validate(compose_cfg(f"{group}={option}", *extra))
     if group == "hparams_search":
         assert settings.optimized_metric == "images_per_sec" and settings.trainer.max_steps
         return
+    if group == "debug":
+        assert settings.dataset.num_train == 256 and settings.trainer.epochs == 1
+        return
+    if group == "experiment":
+        return  # test_experiments_are_the_documented_recipes
     node = getattr(settings, group)
     if option in SCHEMAS:
         assert type(node) is SCHEMAS[option]
@@ -84,7 +93,7 @@ def test_defaults() -> None:
 def test_every_data_key_is_overridable(override: str, key: str, expected: object) -> None:
     settings = validate(compose_cfg(override))
     assert getattr(settings.data, key) == expected
-    assert type(getattr(settings.data, key)) is type(expected)
+    assert isinstance(getattr(settings.data, key), type(expected))  # a StartMethod is a str too
 
 
 @pytest.mark.parametrize(
@@ -95,14 +104,9 @@ def test_every_data_key_is_overridable(override: str, key: str, expected: object
         ("data.batch_size=0", "data.batch_size=0"),
         ("data.prefetch_factor=0", "data.prefetch_factor=0"),
         ("data.timeout=-1", "data.timeout=-1"),
-        ("data.multiprocessing_context=threads", "fork, spawn, forkserver"),
         ("data.distributed_sampler=maybe", "auto, true, false"),
-        ("trainer.device=tpu", "trainer.device=tpu"),
-        ("trainer.precision=fp8", "fp32, bf16, fp16"),
         ("trainer.epochs=0", "trainer.epochs=0"),
-        ("model=resnet18 model.arch=vgg11", "resnet18, resnet34, resnet50"),
         ("dataset=imagefolder", "dataset.root is required"),
-        ("optimized_metric=speed", "val_acc, best_val_acc"),
         ("dataset=imagefolder dataset.root=/no/such/dir", "/no/such/dir"),
     ],
 )
@@ -123,3 +127,56 @@ def test_split_fraction_outside_unit_interval(tmp_path: Path) -> None:
 def test_type_and_key_errors_fail_at_composition(override: str) -> None:
     with pytest.raises(ConfigCompositionException):
         compose_cfg(override)
+
+
+@pytest.mark.parametrize(
+    ("override", "options"),
+    [
+        ("data.multiprocessing_context=threads", "[fork, spawn, forkserver]"),
+        ("trainer.device=tpu", "[auto, cpu, cuda]"),
+        ("trainer.precision=fp8", "[auto, fp32, bf16, fp16]"),
+        ("trainer.nonfinite=ignore", "[stop, skip]"),
+        ("model.arch=vgg11", "[resnet18, resnet34, resnet50]"),
+        ("mode=fast", "[train, loader, compute]"),
+        ("optimized_metric=speed", "[val_acc, best_val_acc, val_loss"),
+        ("dataset=imagefolder dataset.decode=gpu", "[cpu, cuda]"),
+    ],
+)
+def test_choices_are_enums_checked_at_composition(override: str, options: str) -> None:
+    """OmegaConf rejects a choice that is not an option, and the one line names the key and the options."""
+    with pytest.raises(ConfigCompositionException) as caught:
+        compose_cfg(*override.split())
+    text = one_line(caught.value)
+    assert override.split()[-1] in text and options in text and "\n" not in text
+
+
+def _schema_defaults(schema: type) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(schema), resolve=False)
+
+
+@pytest.mark.parametrize(
+    ("folder", "schema"),
+    [("data", DataConfig), ("trainer", TrainerConfig), ("model", ModelConfig), ("optim", None), ("dataset", None)],
+)
+def test_every_default_is_set_in_one_place(folder: str, schema: type | None) -> None:
+    """The YAML files choose a schema and set only what differs from its defaults."""
+    schemas = {"sgd": SGDConfig, "adamw": AdamWConfig, "cifar10": CifarConfig, "cifar100": CifarConfig}
+    schemas |= {"shapes": ShapesConfig, "synthetic": SyntheticConfig, "imagefolder": ImageFolderConfig}
+    for path in sorted((CONF_DIR / folder).glob("*.yaml")):
+        values = {k: v for k, v in OmegaConf.to_container(OmegaConf.load(path)).items() if k != "defaults"}
+        defaults = _schema_defaults(schema or schemas[path.stem])
+        repeated = {k: v for k, v in values.items() if defaults.get(k) == v}
+        assert not repeated, f"{path.name} repeats schema defaults: {repeated}"
+
+
+def test_experiments_are_the_documented_recipes(tmp_path: Path) -> None:
+    cifar = validate(compose_cfg("experiment=cifar10_resnet18"))
+    assert (cifar.dataset.name, cifar.model.cifar_stem, type(cifar.optim)) == ("cifar10", True, SGDConfig)
+    assert (cifar.data.batch_size, cifar.optim.lr, cifar.trainer.epochs) == (128, 0.1, 30)
+    resident = validate(compose_cfg("experiment=cifar10_resident"))
+    assert resident.data.device_resident and resident.optim.lr == 0.4 and resident.data.batch_size == 512
+    imagenet = validate(compose_cfg("experiment=imagenet_resnet50", f"dataset.root={tmp_path}"))
+    assert (imagenet.model.arch, imagenet.dataset.name, imagenet.trainer.epochs) == ("resnet50", "imagefolder", 90)
+    assert (imagenet.optim.lr, imagenet.optim.weight_decay, imagenet.trainer.label_smoothing) == (0.1, 1e-4, 0.1)
+    with pytest.raises(ConfigError, match="dataset.root is required"):
+        validate(compose_cfg("experiment=imagenet_resnet50"))

@@ -22,9 +22,8 @@ from torchvision.datasets import CIFAR10
 from torchvision.datasets import cifar as cifar_module
 
 import imgtrain
-from imgtrain import shapes
-from imgtrain.config import ConfigError
-from imgtrain.datasets import (
+from imgtrain.data import shapes
+from imgtrain.data.datasets import (
     DatasetBundle,
     build_cifar,
     build_imagefolder,
@@ -32,7 +31,8 @@ from imgtrain.datasets import (
     build_synthetic,
     split_indices,
 )
-from imgtrain.jpeg import jpeg_problem
+from imgtrain.data.jpeg import jpeg_problem
+from imgtrain.errors import ConfigError
 
 # torchvision 0.29 warns on every torchvision.io decode; pytest overrides the filter set in datasets.py.
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
@@ -72,7 +72,7 @@ def write_images(directory: Path, count: int, ext: str = "jpg", size: tuple[int,
 
 # ----------------------------------------------------------------------------- shapes
 def test_shapes_generates_imagefolder_layout_then_reuses_it(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="imgtrain.shapes")
+    caplog.set_level(logging.INFO, logger="imgtrain.data.shapes")
     bundle = shapes_bundle(tmp_path)
     (base,) = [p for p in tmp_path.iterdir()]
     assert base.name == shapes.dataset_key(32, 60, 20, 0)
@@ -143,7 +143,7 @@ def test_shapes_losing_the_rename_keeps_the_winners_tree(tmp_path, monkeypatch):
 def test_shapes_concurrent_generation_from_two_processes(tmp_path):
     start = time.time() + 2.0  # both processes begin generating at the same moment
     code = (
-        "import sys, time; from imgtrain import shapes; "
+        "import sys, time; from imgtrain.data import shapes; "
         f"time.sleep(max(0.0, {start} - time.time())); "
         f"print(shapes.ensure_shapes({str(tmp_path)!r}, 32, 300, 50, 0))"
     )
@@ -160,6 +160,7 @@ def test_shapes_concurrent_generation_from_two_processes(tmp_path):
     assert len(files_under(tmp_path)) == 350
 
 
+@pytest.mark.slow  # spawn workers import torch anew
 def test_shapes_dataloader_with_spawn_workers(tmp_path):
     bundle = shapes_bundle(tmp_path)
     pickle.dumps(bundle.train)
@@ -219,7 +220,7 @@ def test_split_indices_keeps_one_train_image_per_class():
     assert 2 not in val.tolist() and len(val) == 3
 
 
-@pytest.mark.parametrize("layout", ["missing", "empty", "empty_classes", "none", "val_without_images"])
+@pytest.mark.parametrize("layout", ["missing", "empty", "empty_classes", "val_without_images"])
 def test_imagefolder_errors_are_one_line_and_name_the_root(tmp_path, layout):
     root = tmp_path / "images"
     if layout != "missing":
@@ -231,11 +232,10 @@ def test_imagefolder_errors_are_one_line_and_name_the_root(tmp_path, layout):
         write_images(root / "train" / "cat", 2)
         (root / "val" / "cat").mkdir(parents=True)
     with pytest.raises(ConfigError) as info:
-        imagefolder(None if layout == "none" else root)
+        imagefolder(root)  # a missing or null dataset.root is refused earlier, by validate (test_config)
     message = str(info.value)
     assert "\n" not in message and "dataset.root" in message
-    if layout != "none":
-        assert str(root) in message
+    assert str(root) in message
 
 
 # ----------------------------------------------------------------------------- cifar

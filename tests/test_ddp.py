@@ -11,11 +11,11 @@ from helpers import FAST, run_torchrun, run_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from imgtrain import dist
-from imgtrain.config import ConfigError
+from imgtrain.errors import ConfigError
 
 # 256 training images over 2 ranks of 32 = 4 steps per epoch; 65 validation images (odd: DistributedSampler
 # would pad one duplicate).
-DDP = [o for o in FAST if not o.startswith(("dataset.num_val", "data.num_workers", "trainer.epochs"))]
+DDP = list(FAST)  # its dataset.num_val, data.num_workers and trainer.epochs are overridden where it is used
 DDP += ["dataset.num_val=65", "data.num_workers=0"]
 
 
@@ -67,6 +67,7 @@ def test_other_ranks_print_warnings_only(ddp_run) -> None:
     assert result.stdout.count("Run summary") == 1
 
 
+@pytest.mark.slow  # several torchrun or submitit processes
 def test_sweep_inside_torchrun(tmp_path: Path, data_dir: Path) -> None:
     args = ["-m", "data.num_workers=0,1", *[o for o in DDP if not o.startswith("data.num_workers")]]
     result = run_torchrun([*args, "trainer.epochs=1"], tmp_path, data_dir)
@@ -79,6 +80,7 @@ def test_sweep_inside_torchrun(tmp_path: Path, data_dir: Path) -> None:
         assert metrics["val_count"] == 65
 
 
+@pytest.mark.slow  # several torchrun or submitit processes
 def test_submitit_local_with_two_tasks(tmp_path: Path, data_dir: Path) -> None:
     sweep = tmp_path / "sweep"
     args = ["-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}"]
@@ -156,15 +158,14 @@ def test_launch_time_is_shared_by_torchrun_workers(monkeypatch: pytest.MonkeyPat
 
 
 def test_only_rank_zero_writes_hydra_files(monkeypatch: pytest.MonkeyPatch) -> None:
-    from imgtrain.config import _rank_zero_only
-
     monkeypatch.setenv("RANK", "0")
-    assert _rank_zero_only(".hydra") == ".hydra"
+    assert dist._rank_zero_only(".hydra") == ".hydra"
     monkeypatch.setenv("RANK", "1")
-    assert _rank_zero_only(".hydra") is None
-    assert _rank_zero_only("run/train.log", "/dev/null") == "/dev/null"
+    assert dist._rank_zero_only(".hydra") is None
+    assert dist._rank_zero_only("run/train.log", "/dev/null") == "/dev/null"
 
 
+@pytest.mark.slow  # several torchrun or submitit processes
 def test_preemption_stops_every_rank_and_a_torchrun_restart_resumes(tmp_path: Path, data_dir: Path) -> None:
     """SIGTERM to one of two ranks: both save-and-stop at the same step; torchrun restarts them; they resume."""
     import os
@@ -207,6 +208,7 @@ def test_preemption_stops_every_rank_and_a_torchrun_restart_resumes(tmp_path: Pa
     assert metrics["steps"] == 12 and metrics["world_size"] == 2
 
 
+@pytest.mark.slow  # several torchrun or submitit processes
 def test_a_nan_on_one_rank_is_skipped_on_every_rank(tmp_path: Path, data_dir: Path) -> None:
     args = [*DDP, "trainer.epochs=1", "model._target_=faults.build_nan_model", "trainer.nonfinite=skip"]
     import os

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from imgtrain.device_data import ResidentLoader, pad_crop_flip
-from imgtrain.loader import Batch, EpochSampler
+from imgtrain.data.feed import ResidentLoader, pad_crop_flip
+from imgtrain.data.loader import Batch, EpochSampler
 
 
 def test_pad_crop_flip_matches_a_per_image_reference() -> None:
@@ -42,9 +42,9 @@ def test_resident_loader_follows_the_epoch_sampler_and_resumes_exactly() -> None
 
 def test_encoded_jpegs_collate_as_a_list_and_decode_in_one_call(tmp_path) -> None:
     """dataset.decode=cuda's path, run on the CPU: the code is the same, only decode_jpeg's device differs."""
-    from imgtrain.datasets import EncodedFileDataset, ImageFileDataset, build_shapes, eval_transform
-    from imgtrain.device_data import JpegBatchDecoder
-    from imgtrain.loader import GuardedSamples, collate
+    from imgtrain.data.datasets import EncodedFileDataset, ImageFileDataset, build_shapes, eval_transform
+    from imgtrain.data.gpu_decode import JpegBatchDecoder
+    from imgtrain.data.loader import GuardedSamples, collate
 
     bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, False, str(tmp_path), 20, 10, 0)
     paths = [bundle.train.path(i) for i in range(4)]
@@ -60,8 +60,8 @@ def test_encoded_jpegs_collate_as_a_list_and_decode_in_one_call(tmp_path) -> Non
 
 def test_a_batch_decode_failure_replaces_only_the_bad_file_and_reports_it(tmp_path) -> None:
     """One file the decoder rejects mid-stream: the rest of the batch decodes, the bad one is replaced and named."""
-    from imgtrain.datasets import build_shapes, train_transform
-    from imgtrain.device_data import JpegBatchDecoder
+    from imgtrain.data.datasets import build_shapes, train_transform
+    from imgtrain.data.gpu_decode import JpegBatchDecoder
 
     bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, False, str(tmp_path), 20, 10, 0)
     paths = [bundle.train.path(i) for i in range(4)]
@@ -76,24 +76,23 @@ def test_a_batch_decode_failure_replaces_only_the_bad_file_and_reports_it(tmp_pa
 
 
 def test_gpu_decode_without_a_gpu_is_one_clear_line(tmp_path, data_dir) -> None:
-    from helpers import FAST, run_train
+    from helpers import compose_cfg
 
-    from imgtrain.shapes import ensure_shapes
+    from imgtrain.data.shapes import ensure_shapes
+    from imgtrain.errors import ConfigError
+    from imgtrain.run import run
 
     root = ensure_shapes(str(tmp_path / "folder"), 32, 40, 10, 0)
-    fast = [o for o in FAST if not o.startswith(("dataset.num_train", "dataset.num_val"))]
-    args = [*fast, "dataset=imagefolder", f"dataset.root={root}", "dataset.image_size=32", "dataset.decode=cuda"]
-    result = run_train([*args, "trainer.device=cpu"], tmp_path / "run", data_dir)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert (
-        "error: dataset.decode=cuda needs a CUDA device, and this run uses cpu: use dataset.decode=cpu" in result.stderr
-    )
+    args = ["dataset=imagefolder", f"dataset.root={root}", "dataset.image_size=32", "dataset.decode=cuda"]
+    expected = "dataset.decode=cuda needs a CUDA device, and this run uses cpu: use dataset.decode=cpu"
+    with pytest.raises(ConfigError, match=expected):
+        run(compose_cfg(*args, "trainer.device=cpu", output_dir=str(tmp_path / "run")))
 
 
 def test_the_decode_thread_keeps_order_ends_cleanly_and_hands_errors_over(tmp_path) -> None:
     """dataset.decode=cuda's background stage, run on the CPU: the same thread and queue, no CUDA stream."""
-    from imgtrain.datasets import build_shapes, train_transform
-    from imgtrain.device_data import GpuJpegBatches
+    from imgtrain.data.datasets import build_shapes, train_transform
+    from imgtrain.data.gpu_decode import GpuJpegBatches
 
     bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, False, str(tmp_path), 40, 10, 0)
     paths = [bundle.train.path(i) for i in range(40)]

@@ -22,12 +22,14 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from imgtrain import checkpoint
-from imgtrain import run as run_module
-from imgtrain.datasets import EncodedFileDataset, decode_file, eval_transform, list_images
-from imgtrain.device_data import CudaPrefetcher, GpuJpegBatches, JpegBatchDecoder, ResidentLoader, decode_jpegs
-from imgtrain.loader import Batch, EpochSampler, GuardedSamples, collate
+from imgtrain.checkpoint import Checkpointer
+from imgtrain.data.datasets import EncodedFileDataset, decode_file, eval_transform, list_images
+from imgtrain.data.feed import CudaPrefetcher, ResidentLoader
+from imgtrain.data.gpu_decode import GpuJpegBatches, JpegBatchDecoder, decode_jpegs
+from imgtrain.data.loader import Batch, EpochSampler, GuardedSamples, collate
+from imgtrain.data.shapes import ensure_shapes
+from imgtrain.metrics import Metrics
 from imgtrain.run import run
-from imgtrain.shapes import ensure_shapes
 
 pytestmark = [
     pytest.mark.gpu,
@@ -218,20 +220,21 @@ def test_fp32_deterministic_resume_matches_the_uninterrupted_run(tmp_path: Path,
 def _capture_resumed_step(monkeypatch: pytest.MonkeyPatch) -> list:
     """Record the Step (optimizer, scaler) and the payload each resume restores."""
     seen = []
-    real_resume, real_locate = checkpoint.resume, checkpoint.locate
+    real_resume, real_locate = Checkpointer.resume, checkpoint.locate
 
     def locate(*args):
         found = real_locate(*args)
         seen.append(("payload", found[1] if found else None))
         return found
 
-    def resume(settings, store, base, step, info):
-        progress = real_resume(settings, store, base, step, info)
+    def resume(self: Checkpointer):
+        progress = real_resume(self)
+        step = self.step_state
         seen.extend([("step", step), ("scaler", step.scaler.state_dict())])  # before training goes on
         return progress
 
     monkeypatch.setattr(checkpoint, "locate", locate)
-    monkeypatch.setattr(checkpoint, "resume", resume)
+    monkeypatch.setattr(Checkpointer, "resume", resume)
     return seen
 
 
@@ -335,16 +338,16 @@ def test_no_host_device_sync_between_two_logging_windows(path: str, tmp_path: Pa
         torch.ones(1, device=CUDA).item()
     torch.cuda.set_sync_debug_mode(0)
     windows = []
-    real_log_window = run_module._log_window
+    real_close_window = Metrics._close_window
 
-    def log_window(*args, **kwargs):
+    def close_window(self: Metrics, step: int) -> None:
         torch.cuda.set_sync_debug_mode(0)  # the window itself reads the loss back: that sync is the design
-        real_log_window(*args, **kwargs)
-        windows.append(1)
+        real_close_window(self, step)
+        windows.append(step)
         if len(windows) == 2:  # from the end of the second window to the start of the third: every step checked
             torch.cuda.set_sync_debug_mode("error")
 
-    monkeypatch.setattr(run_module, "_log_window", log_window)
+    monkeypatch.setattr(Metrics, "_close_window", close_window)
     overrides = [
         "dataset=synthetic",
         "dataset.image_size=32",

@@ -26,6 +26,7 @@ def digits_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow  # a real training to a target accuracy: about a minute
 def test_resnet_learns_digits_through_imagefolder(digits_root: Path, tmp_path: Path, data_dir: Path) -> None:
     run_dir = tmp_path / "run"
     args = [

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from imgtrain.config import DataConfig
-from imgtrain.loader import (
+from imgtrain.data.loader import (
     EpochSampler,
     ShardSampler,
     auto_num_workers,
@@ -143,7 +143,7 @@ def test_describe_is_json_friendly() -> None:
 
 
 def test_worker_seeding_makes_augmentation_reproducible(tmp_path) -> None:
-    from imgtrain.datasets import build_shapes
+    from imgtrain.data.datasets import build_shapes
 
     bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, True, str(tmp_path), 40, 10, 0)
     plan = plan_loader(DataConfig(num_workers=2, batch_size=8, persistent_workers=False), train=True, device_type="cpu")
@@ -158,7 +158,7 @@ def test_worker_seeding_makes_augmentation_reproducible(tmp_path) -> None:
 
 def test_augmentation_does_not_depend_on_the_worker_count(tmp_path) -> None:
     """Each sample's crop and flip come from its own seed: a num_workers sweep changes speed, not the math."""
-    from imgtrain.datasets import build_shapes
+    from imgtrain.data.datasets import build_shapes
 
     bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, True, str(tmp_path), 40, 10, 0)
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from imgtrain import monitor as monitor_mod
-from imgtrain.metrics import MetricsLogger, flatten_hparams
-from imgtrain.monitor import ResourceMonitor, nvml_index_for, parse_visible_devices
+from imgtrain.metrics import monitor as monitor_mod
+from imgtrain.metrics.monitor import ResourceMonitor, nvml_index_for, parse_visible_devices
+from imgtrain.metrics.tensorboard import MetricsLogger, flatten_hparams
 
 UUIDS = [
     "GPU-aaaa1111-0000-0000-0000-000000000000",
@@ -75,7 +75,7 @@ def test_parse_visible_devices():
 
 
 def test_cpu_monitor_sys_keys(caplog: pytest.LogCaptureFixture):
-    caplog.set_level(logging.INFO, logger="imgtrain.monitor")
+    caplog.set_level(logging.INFO, logger="imgtrain.metrics.monitor")
     with ResourceMonitor(torch.device("cpu"), interval_s=0.05) as mon:
         assert mon.gpu_available is False
         time.sleep(0.3)
@@ -218,7 +218,7 @@ def test_fake_nvml_falls_back_to_visible_devices(monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.parametrize("fail", ["init", "import", "mig"])
 def test_nvml_unavailable_is_logged_once(monkeypatch: pytest.MonkeyPatch, caplog, fail: str):
-    caplog.set_level(logging.INFO, logger="imgtrain.monitor")
+    caplog.set_level(logging.INFO, logger="imgtrain.metrics.monitor")
     fake = _fake_pynvml(util=[11], used=[1e9], fail_init=fail == "init")
     monkeypatch.setitem(sys.modules, "pynvml", None if fail == "import" else fake)  # None -> ImportError
     _patch_torch_props(monkeypatch, "MIG-1234" if fail == "mig" else UUIDS[0])

@@ -13,7 +13,7 @@ import random
 import shutil
 import zipfile
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,12 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from imgtrain.config import Config, ConfigError, RunError
-from imgtrain.dist import broadcast_object
+from imgtrain import dist
+from imgtrain.config import Config, Mode
+from imgtrain.errors import ConfigError, RunError
+from imgtrain.faults import Faults
+from imgtrain.host import atomic_write
+from imgtrain.optim import Step
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,19 @@ class Progress:
     val: dict[str, float] = field(default_factory=dict)
     skipped_samples: int = 0  # unreadable image reads, summed over ranks
     nonfinite_steps: int = 0  # steps skipped because the loss was NaN or inf (trainer.nonfinite=skip)
+    replicas: int = field(default=1, metadata={"saved": False})  # ranks the order is sharded over (not saved)
+
+    def begin_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.samples_in_epoch = epoch, 0
+
+    def advance(self, batch_images: int) -> None:
+        """One optimizer step of `batch_images` images on this rank."""
+        self.step += 1
+        self.samples_in_epoch += batch_images * self.replicas
+
+    def end_epoch(self) -> None:
+        self.epoch, self.samples_in_epoch = self.epoch + 1, 0
 
 
 # ----------------------------------------------------------------------------- files
@@ -65,34 +82,15 @@ def damage(path: Path) -> str | None:
     return f"CRC mismatch in {bad}" if bad else None
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # makes the rename itself durable
-    finally:
-        os.close(fd)
-
-
-def write_verified(payload: dict[str, Any], tmp: Path) -> None:
-    """torch.save to `tmp`, fsync it, and check it reads back intact (raises CheckpointError if not)."""
-    with open(tmp, "wb") as f:
-        torch.save(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
+def _check(tmp: Path) -> None:
     reason = damage(tmp)
     if reason:
         raise CheckpointError(f"the checkpoint written to {tmp} does not verify ({reason})")
 
 
-def atomic_save(payload: dict[str, Any], path: Path) -> None:
-    """Write `path` so that readers see the old file or the complete new one, never a partial one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same directory: os.replace is then atomic
-    try:
-        write_verified(payload, tmp)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
+def write_verified(payload: dict[str, Any], path: Path, before_replace: Any = None) -> None:
+    """torch.save to a temporary file, fsync, check it reads back intact, then rename it over `path`."""
+    atomic_write(path, lambda f: torch.save(payload, f), durable=True, check=_check, before_replace=before_replace)
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -134,16 +132,12 @@ class CheckpointStore:
         """Write last.pt; the previous last.pt, if it verifies, becomes last.prev.pt. Never replaces good with bad."""
         if not self.enabled:
             return self.last
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.directory / f".last.pt.{os.getpid()}.tmp"
-        try:
-            write_verified(payload, tmp)
+
+        def keep_previous() -> None:
             if self.last.exists() and self._trust_last():
                 os.replace(self.last, self.prev)  # best.pt may be a hard link to it: that link stays intact
-            os.replace(tmp, self.last)
-            _fsync_dir(self.directory)
-        finally:
-            tmp.unlink(missing_ok=True)
+
+        write_verified(payload, self.last, before_replace=keep_previous)
         self._last_trusted = True
         return self.last
 
@@ -234,67 +228,117 @@ def progress_from(payload: dict[str, Any]) -> Progress:
 
 
 def progress_dict(progress: Progress) -> dict[str, Any]:
-    return asdict(progress)
+    return {f.name: getattr(progress, f.name) for f in fields(progress) if f.metadata.get("saved", True)}
 
 
-# ----------------------------------------------------------------------------- resume and save, for run()
-def resume(settings: Config, store: CheckpointStore, base: nn.Module, step: Any, info: Any) -> Progress:
-    """Load what `trainer.resume` points at (rank 0 chooses the file, every rank reads it); else start fresh."""
-    if settings.mode != "train":
-        return Progress()
-    found, problem = None, None
-    if info.is_main:
-        try:
-            found = locate(settings.trainer.resume, store)
-        except (ConfigError, RunError) as error:
-            problem = error
-    chosen = broadcast_object(("error", str(problem)) if problem else str(found[0]) if found else None, info)
-    if isinstance(chosen, tuple):  # every rank stops with rank 0's message, none waits for the others
-        raise problem if problem else RunError(chosen[1])
-    if chosen is None:
-        return Progress()
-    payload = found[1] if info.is_main else load(Path(chosen))
-    try:
-        base.load_state_dict(payload["model"])
-        step.load_state_dict(payload)
-    except (RuntimeError, ValueError, KeyError) as error:  # another model, optimizer or number of classes
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise RunError(
-            f"the checkpoint {chosen} does not fit this run's model or optimizer ({first}): resume with the "
-            "settings it was trained with, or pass trainer.resume=none (or a new hydra.run.dir) to start over"
-        ) from None
-    restore_rng(payload["rng"])
-    progress = progress_from(payload)
-    global_batch = settings.data.batch_size * info.world_size
-    if payload["global_batch"] != global_batch:
-        log.warning(
-            "the checkpoint was trained with a global batch of %d, this run uses %d: the epoch resumes at the "
-            "same sample, and the step count and LR schedule follow the new setting",
-            *(payload["global_batch"], global_batch),
+# ----------------------------------------------------------------------------- the run's checkpointer
+class Checkpointer:
+    """A run's checkpoints: resume, periodic and epoch-end saves, best.pt, and acting on agreed faults.
+
+    Only rank 0 writes; every rank calls the same methods at the same steps, so all agree on where the
+    last checkpoint is.
+    """
+
+    def __init__(self, settings: Config, out_dir: Path, info: dist.DistInfo, faults: Faults) -> None:
+        self.settings, self.info, self.faults = settings, info, faults
+        self.writes = settings.mode == Mode.train and settings.trainer.save_checkpoints  # ceilings: speed only
+        self.store = CheckpointStore(out_dir / DIRNAME, enabled=self.writes and info.is_main)
+        self.every = settings.trainer.ckpt_every_n_steps
+        self.model: nn.Module | None = None
+        self.step_state: Step | None = None
+        self.progress = faults.progress
+        self.total_steps = 0
+
+    def attach(self, model: nn.Module, step: Step, total_steps: int) -> None:
+        """What the checkpoints hold: the underlying model (not its DDP or compiled wrapper) and the Step."""
+        self.model, self.step_state, self.total_steps = model, step, total_steps
+
+    def step(self, progress: Progress) -> None:
+        """After every step: act on faults agreed at a window; write last.pt every trainer.ckpt_every_n_steps."""
+        self.faults.act(self.save_and_wait, self.last_checkpoint())
+        if self.every and progress.step % self.every == 0 and progress.step < self.total_steps:
+            self.save()
+
+    def end_epoch(self, improved: bool) -> None:
+        """last.pt at the end of an epoch, and best.pt when validation accuracy improved."""
+        self.save()
+        if improved:
+            self.store.mark_best()
+
+    def save(self) -> str:
+        """Write last.pt now (rank 0), never with weights a NaN loss has reached; a sentence saying where."""
+        self.faults.before_save(self.last_checkpoint())
+        if not self.writes:
+            return "Checkpoints are off (trainer.save_checkpoints=false or mode is not train)."
+        if self.store.enabled:
+            self.store.save(
+                {
+                    "format": FORMAT,
+                    "version": FORMAT_VERSION,
+                    "model": self.model.state_dict(),
+                    **self.step_state.state_dict(),
+                    "progress": progress_dict(self.progress),
+                    "rng": capture_rng(),
+                    "global_batch": self.settings.data.batch_size * self.info.world_size,
+                    "config": OmegaConf.to_yaml(self.settings),
+                }
+            )
+        return f"The last checkpoint is {self.store.last} (step {self.progress.step})."
+
+    def save_and_wait(self) -> str:
+        """Save, and keep every rank until rank 0 has (so torchrun does not kill it mid-write)."""
+        where = self.save()
+        dist.barrier()
+        return where
+
+    def last_checkpoint(self) -> str:
+        last = self.store.last
+        return f"The last good checkpoint is {last}." if last.exists() else "No checkpoint had been written yet."
+
+    def resume(self) -> Progress:
+        """Load what `trainer.resume` points at (rank 0 chooses the file, every rank reads it); else start fresh."""
+        if self.settings.mode != Mode.train:
+            return self.progress
+        found, problem = None, None
+        if self.info.is_main:
+            try:
+                found = locate(self.settings.trainer.resume, self.store)
+            except (ConfigError, RunError) as error:
+                problem = error
+        chosen = dist.broadcast_object(
+            ("error", str(problem)) if problem else str(found[0]) if found else None, self.info
         )
-    log.info(
-        "resuming from %s: step %d, epoch %d, %d samples into the epoch",
-        *(chosen, progress.step, progress.epoch + 1, progress.samples_in_epoch),
-    )
-    return progress
+        if isinstance(chosen, tuple):  # every rank stops with rank 0's message, none waits for the others
+            raise problem if problem else RunError(chosen[1])
+        if chosen is None:
+            return self.progress
+        payload = found[1] if self.info.is_main else load(Path(chosen))
+        self._restore(payload, chosen)
+        return self.progress
 
-
-def save(
-    store: CheckpointStore, writes: bool, cfg: Any, base: nn.Module, step: Any, progress: Progress, batch: int
-) -> str:
-    """Write last.pt now (rank 0); every rank gets the same sentence saying where the last checkpoint is."""
-    if not writes:
-        return "Checkpoints are off (trainer.save_checkpoints=false or mode is not train)."
-    if store.enabled:
-        payload = {
-            "format": FORMAT,
-            "version": FORMAT_VERSION,
-            "model": base.state_dict(),
-            **step.state_dict(),
-            "progress": progress_dict(progress),
-            "rng": capture_rng(),
-            "global_batch": batch,
-            "config": OmegaConf.to_yaml(cfg),
-        }
-        store.save(payload)
-    return f"The last checkpoint is {store.last} (step {progress.step})."
+    def _restore(self, payload: dict[str, Any], chosen: str) -> None:
+        try:
+            self.model.load_state_dict(payload["model"])
+            self.step_state.load_state_dict(payload)
+        except (RuntimeError, ValueError, KeyError) as error:  # another model, optimizer or number of classes
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise RunError(
+                f"the checkpoint {chosen} does not fit this run's model or optimizer ({first}): resume with the "
+                "settings it was trained with, or pass trainer.resume=none (or a new hydra.run.dir) to start over"
+            ) from None
+        restore_rng(payload["rng"])
+        saved = progress_from(payload)
+        for key, value in progress_dict(saved).items():  # the same object the loop and faults already hold
+            setattr(self.progress, key, value)
+        self.faults.bad.count = self.progress.skipped_samples
+        global_batch = self.settings.data.batch_size * self.info.world_size
+        if payload["global_batch"] != global_batch:
+            log.warning(
+                "the checkpoint was trained with a global batch of %d, this run uses %d: the epoch resumes at the "
+                "same sample, and the step count and LR schedule follow the new setting",
+                *(payload["global_batch"], global_batch),
+            )
+        log.info(
+            "resuming from %s: step %d, epoch %d, %d samples into the epoch",
+            *(chosen, self.progress.step, self.progress.epoch + 1, self.progress.samples_in_epoch),
+        )

@@ -10,6 +10,11 @@ from collections.abc import Callable, Iterator
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from imgtrain.config import register_configs
+from imgtrain.dist import register_resolvers
+from imgtrain.errors import ConfigError, RunError
+from imgtrain.faults import Preempted
+
 # Lines of OmegaConf/Hydra messages that repeat what the first line says, or point at internals.
 _NOISE = (
     "full_key:",
@@ -22,10 +27,14 @@ _NOISE = (
 )
 
 
+def register() -> None:
+    """What `train.py` and the tests need before Hydra composes: the schemas and the run-directory resolvers."""
+    register_configs()
+    register_resolvers()
+
+
 def one_line(error: BaseException) -> str:
     """Collapse a Hydra/OmegaConf error (and its cause) into one line that keeps the key and the choices."""
-    from imgtrain.config import RunError
-
     inner: BaseException | None = error
     while inner is not None:  # our own message, even when wrapped (e.g. by hydra.utils.instantiate)
         if isinstance(inner, RunError):
@@ -58,8 +67,6 @@ def one_line(error: BaseException) -> str:
 
 def _is_run_failure(error: BaseException) -> bool:
     """A failure during training (exit status 1), as opposed to bad input (status 2)."""
-    from imgtrain.config import ConfigError, RunError
-
     inner: BaseException | None = error
     while inner is not None:
         if isinstance(inner, RunError):
@@ -97,8 +104,6 @@ def run_guarded(main: Callable[[], object]) -> int:
     DataLoader crash), 128 + N after stop signal N (checkpoint saved; schedulers treat it as requeue-able).
     HYDRA_FULL_ERROR=1 (set by the user) keeps Hydra's full traceback, as Hydra documents.
     """
-    from imgtrain.guards import Preempted
-
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         try:
             main()

@@ -1,62 +1,149 @@
-"""Typed config schemas (dataclasses in Hydra's ConfigStore) and the checks Hydra cannot express.
+"""Typed config schemas (dataclasses in Hydra's ConfigStore): the one place every default is set.
 
-OmegaConf enforces the types at composition time, so `data.batch_size=abc` fails before `run` starts.
-`validate` then checks ranges and choices and turns the config into these dataclasses.
+OmegaConf enforces the types and the Enum choices at composition time, so `data.batch_size=abc` and
+`trainer.precision=fp8` fail before `run` starts, naming the key and the accepted values. Range checks sit
+next to their fields (`_check`); `validate` runs them and the few checks that span fields, once, and returns
+the config as these dataclasses. The YAML files in conf/ only choose between schemas and set what differs.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, is_dataclass
+from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from hydra.errors import CompactHydraException
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from imgtrain.errors import ConfigError
+
 AUTO = "auto"
-START_METHODS = ("fork", "spawn", "forkserver")
-ARCHS = ("resnet18", "resnet34", "resnet50")
-DEVICES = (AUTO, "cpu", "cuda")
-PRECISIONS = (AUTO, "fp32", "bf16", "fp16")
-MODES = ("train", "loader", "compute")
-NONFINITE = ("stop", "skip")
-RESUME_KEYWORDS = (AUTO, "none")
-# Keys of metrics.json that `run` can return to a sweeper.
-OPTIMIZABLE = ("val_acc", "best_val_acc", "val_loss", "images_per_sec", "data_wait_frac", "step_time_ms")
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
 
 
-class RunError(CompactHydraException):
-    """A failure the user can act on, printed as one line without a traceback (unless HYDRA_FULL_ERROR=1)."""
+class Choice(str, Enum):
+    """A config choice: OmegaConf checks it and lists the options; it compares and prints as its name."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
-class ConfigError(RunError):
-    """A bad setting: detected before any work starts (exit status 2)."""
+class Device(Choice):
+    auto = "auto"  # cuda when available
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Precision(Choice):
+    auto = "auto"  # bf16 on GPUs with native bf16 (compute capability 8.0+), else fp32
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"  # adds a GradScaler
+
+
+class Mode(Choice):
+    train = "train"
+    loader = "loader"  # the input pipeline and the copy, with a model that does nothing: its ceiling
+    compute = "compute"  # the model on one batch already on the device: the compute ceiling
+
+
+class NonFinite(Choice):
+    stop = "stop"  # keep the last good checkpoint and stop
+    skip = "skip"  # skip the update (counted); reads the loss every step
+
+
+class Decode(Choice):
+    cpu = "cpu"  # workers decode
+    cuda = "cuda"  # workers read bytes; the GPU decodes whole batches (nvJPEG)
+
+
+class StartMethod(Choice):
+    fork = "fork"
+    spawn = "spawn"
+    forkserver = "forkserver"
+
+
+class Arch(Choice):
+    resnet18 = "resnet18"
+    resnet34 = "resnet34"
+    resnet50 = "resnet50"
+
+
+class Metric(Choice):
+    """Keys of metrics.json that `run` can return to a sweeper."""
+
+    val_acc = "val_acc"
+    best_val_acc = "best_val_acc"
+    val_loss = "val_loss"
+    images_per_sec = "images_per_sec"
+    data_wait_frac = "data_wait_frac"
+    step_time_ms = "step_time_ms"
+
+
+# ----------------------------------------------------------------------------- range checks, next to fields
+Check = Callable[[Any], str | None]  # None when the value is fine, else what is accepted
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def at_least(low: float, what: str = "an integer", note: str = "", null: str | None = None) -> Check:
+    """`value >= low`; `null`, when given, says what null means (and allows it)."""
+
+    def check(value: Any) -> str | None:
+        if value is None and null is not None:
+            return None
+        if value is None or value < low:
+            allowed = f"null{f' ({null})' if null else ''} or " if null is not None else ""
+            return f"expected {allowed}{what} >= {low:g}{f' ({note})' if note else ''}"
+        return None
+
+    return check
+
+
+def auto_or_bool(value: Any) -> str | None:
+    return None if value == AUTO or isinstance(value, bool) else "accepted values are auto, true, false"
+
+
+def _checked(default: Any, check: Check) -> Any:
+    """A field with its default and its range check (run by `validate`)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"check": check})
+    return field(default=default, metadata={"check": check})
 
 
 # ----------------------------------------------------------------------------- data (the DataLoader)
+def _workers(value: Any) -> str | None:
+    return None if value == AUTO or (_is_int(value) and value >= 0) else "expected an integer >= 0 or auto"
+
+
 @dataclass
 class DataConfig:
     """Every DataLoader knob. Each one is overridable as data.<key>=..."""
 
-    batch_size: int = 64  # per process: the global batch under DDP is world_size x batch_size
-    num_workers: Any = AUTO  # int >= 0, or "auto": CPUs of this process / local world size, minus one
+    batch_size: int = _checked(64, at_least(1, note="images per process"))  # global: x world_size
+    num_workers: Any = _checked(AUTO, _workers)  # auto: CPUs of this process / local world size, minus one
     pin_memory: bool = True  # page-locked host buffers; only meaningful with CUDA (turned off on CPU)
-    prefetch_factor: int | None = 2  # batches loaded ahead per worker; null = PyTorch's default
+    prefetch_factor: int | None = _checked(2, at_least(1, null=""))  # batches ahead per worker
     persistent_workers: bool = True  # keep workers alive across epochs instead of re-forking them
     drop_last: bool = True  # training only: avoids a tiny last batch (noisy BatchNorm, uneven DDP ranks)
     shuffle: bool = True  # training only; under DDP the DistributedSampler shuffles instead
-    distributed_sampler: Any = AUTO  # "auto" (on under DDP), true or false
-    multiprocessing_context: str | None = None  # null (platform default), fork, spawn or forkserver
-    timeout: float = 0.0  # seconds to wait for a batch from a worker before raising; 0 = forever
+    distributed_sampler: Any = _checked(AUTO, auto_or_bool)  # auto: on under DDP
+    multiprocessing_context: StartMethod | None = None  # null: the platform's default
+    timeout: float = _checked(0.0, at_least(0, "seconds", note="0 waits forever"))  # for a batch from a worker
     seed_workers: bool = True  # seed python/numpy/torch in each worker so augmentation is reproducible
-    val_batch_size: int | None = None  # null = 2 x batch_size (no activations kept for backward)
+    val_batch_size: int | None = _checked(None, at_least(1, null=""))  # null: 2 x batch_size
     device_resident: bool = False  # whole training set as one uint8 tensor on the device, batched crop/flip there
     prefetch_to_device: bool = True  # on CUDA with pin_memory: copy the next batch on a side stream
-    max_bad_samples: int | None = 100  # unreadable images to skip (each read counts) before stopping; null = no limit
+    max_bad_samples: int | None = _checked(100, at_least(0, null="no limit"))
 
 
 # ----------------------------------------------------------------------------- datasets
@@ -66,8 +153,8 @@ class DatasetConfig:
 
     _target_: str = MISSING
     name: str = MISSING
-    image_size: int = 64  # side of the square training crop, in pixels
-    mean: list[float] = field(default_factory=lambda: list(IMAGENET_MEAN))
+    image_size: int = _checked(64, at_least(8, note="pixels"))  # side of the square training crop
+    mean: list[float] = field(default_factory=lambda: list(IMAGENET_MEAN))  # 0..1 units, applied on the device
     std: list[float] = field(default_factory=lambda: list(IMAGENET_STD))
     augment: bool = True
 
@@ -76,12 +163,12 @@ class DatasetConfig:
 class ShapesConfig(DatasetConfig):
     """Procedurally drawn shapes, generated once as JPEG files in an ImageFolder layout."""
 
-    _target_: str = "imgtrain.datasets.build_shapes"
+    _target_: str = "imgtrain.data.datasets.build_shapes"
     name: str = "shapes"
-    image_size: int = 32
+    image_size: int = _checked(32, at_least(8, note="pixels"))
     root: str = "${data_dir}/shapes"
-    num_train: int = 5000
-    num_val: int = 1000
+    num_train: int = _checked(5000, at_least(1))
+    num_val: int = _checked(1000, at_least(1))
     seed: int = 0
     mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     std: list[float] = field(default_factory=lambda: [0.25, 0.25, 0.25])
@@ -91,37 +178,41 @@ class ShapesConfig(DatasetConfig):
 class SyntheticConfig(DatasetConfig):
     """Random uint8 images held in memory: no decode cost, for compute-bound measurements."""
 
-    _target_: str = "imgtrain.datasets.build_synthetic"
+    _target_: str = "imgtrain.data.datasets.build_synthetic"
     name: str = "synthetic"
-    num_train: int = 4096
-    num_val: int = 512
-    num_classes: int = 10
+    num_train: int = _checked(4096, at_least(1))
+    num_val: int = _checked(512, at_least(1))
+    num_classes: int = _checked(10, at_least(1))
     seed: int = 0
+
+
+def _fraction(value: float) -> str | None:
+    return None if 0.0 < value < 1.0 else "expected a fraction between 0 and 1"
 
 
 @dataclass
 class ImageFolderConfig(DatasetConfig):
     """Any ImageNet-style folder: root/train/<class>/*, root/val/<class>/*, or root/<class>/* plus a split."""
 
-    _target_: str = "imgtrain.datasets.build_imagefolder"
+    _target_: str = "imgtrain.data.datasets.build_imagefolder"
     name: str = "imagefolder"
-    root: str | None = None
-    val_fraction: float = 0.1  # used only when root has no val/ folder
+    root: str | None = None  # required
+    val_fraction: float = _checked(0.1, _fraction)  # used only when root has no val/ folder
     split_seed: int = 0
-    image_size: int = 224
+    image_size: int = _checked(224, at_least(8, note="pixels"))
     val_resize: int | None = None  # null = image_size / 0.875, the usual ImageNet ratio
-    decode: str = "cpu"  # cpu: workers decode; cuda: workers read bytes, the GPU decodes whole batches (nvJPEG)
+    decode: Decode = Decode.cpu
 
 
 @dataclass
 class CifarConfig(DatasetConfig):
     """torchvision's CIFAR-10/100; downloaded on first use, with a clear message when offline."""
 
-    _target_: str = "imgtrain.datasets.build_cifar"
-    name: str = "cifar10"
+    _target_: str = "imgtrain.data.datasets.build_cifar"
+    name: str = "cifar10"  # cifar10 or cifar100
     root: str = "${data_dir}/cifar"
     download: bool = True
-    image_size: int = 32
+    image_size: int = _checked(32, at_least(8, note="pixels"))
     mean: list[float] = field(default_factory=lambda: [0.4914, 0.4822, 0.4465])
     std: list[float] = field(default_factory=lambda: [0.2470, 0.2435, 0.2616])
 
@@ -129,8 +220,8 @@ class CifarConfig(DatasetConfig):
 # ----------------------------------------------------------------------------- model and optimizer
 @dataclass
 class ModelConfig:
-    _target_: str = "imgtrain.models.build_model"
-    arch: str = "resnet18"  # resnet18, resnet34 or resnet50 (torchvision)
+    _target_: str = "imgtrain.model.build_model"
+    arch: Arch = Arch.resnet18  # torchvision's ResNets
     cifar_stem: bool = False  # 3x3 stride-1 stem and no max-pool, for 32-px images
     zero_init_residual: bool = False
 
@@ -153,27 +244,33 @@ class AdamWConfig:
 
 
 # ----------------------------------------------------------------------------- trainer
+def _resume(value: str) -> str | None:
+    if value in (AUTO, "none") or os.path.isfile(os.path.expanduser(value)):
+        return None
+    return "expected auto, none or the path of an existing checkpoint file"
+
+
 @dataclass
 class TrainerConfig:
-    epochs: int = 5
-    max_steps: int | None = None  # stop after this many optimizer steps in total (quick runs, sweeps)
-    device: str = AUTO  # auto (cuda when available), cpu or cuda
-    precision: str = AUTO  # auto (bf16 on CUDA when supported, else fp32), fp32, bf16 or fp16
-    channels_last: Any = AUTO  # auto (on for CUDA), true or false
+    epochs: int = _checked(5, at_least(1))
+    max_steps: int | None = _checked(None, at_least(1, null=""))  # stop after this many optimizer steps
+    device: Device = Device.auto
+    precision: Precision = Precision.auto
+    channels_last: Any = _checked(AUTO, auto_or_bool)  # auto: on for CUDA
     compile: bool = False  # torch.compile the model
     seed: int = 0
     deterministic: bool = False  # deterministic algorithms, cuDNN autotuning off: bit-exact reruns, also on GPU
-    warmup_steps: int = 10  # steps excluded from throughput: start-up, first batches, allocator warm-up
-    log_every_n_steps: int = 20  # when the loop reads loss and accuracy back from the GPU, and logs
-    lr_warmup_epochs: float = 0.5  # linear LR warmup, then cosine decay to zero
-    label_smoothing: float = 0.0
-    progress_bar: Any = AUTO  # auto (only on a terminal), true or false
-    monitor_interval_s: float = 0.5  # how often the background thread samples NVML, CPU and RSS
-    dist_timeout_s: float = 600.0  # process-group timeout: how long a rank waits for the others in a collective
-    resume: str = AUTO  # auto (the run directory's checkpoints/last.pt, if any), none, or a checkpoint path
+    warmup_steps: int = _checked(10, at_least(0))  # steps left out of throughput: start-up, first batches
+    log_every_n_steps: int = _checked(20, at_least(1))  # when the loop reads the loss back and logs
+    lr_warmup_epochs: float = _checked(0.5, at_least(0, "a number"))  # linear LR warmup, then cosine to zero
+    label_smoothing: float = _checked(0.0, lambda v: None if 0.0 <= v < 1.0 else "expected a number in [0, 1)")
+    progress_bar: Any = _checked(AUTO, auto_or_bool)  # auto: only on a terminal
+    monitor_interval_s: float = _checked(0.5, lambda v: None if v > 0 else "expected seconds > 0")  # NVML/CPU/RSS
+    dist_timeout_s: float = _checked(600.0, lambda v: None if v > 0 else "expected seconds > 0")  # collectives
+    resume: str = _checked(AUTO, _resume)  # auto: the run directory's checkpoints/last.pt, if any; none; a path
     save_checkpoints: bool = True  # last.pt, last.prev.pt and best.pt under <run dir>/checkpoints (mode=train)
-    ckpt_every_n_steps: int = 200  # also written at every epoch end and on SIGTERM/SIGUSR1; 0 = only then
-    nonfinite: str = "stop"  # a NaN/inf loss: stop (keep the last good checkpoint) or skip the step (counted)
+    ckpt_every_n_steps: int = _checked(200, at_least(0, note="0 = epoch ends"))  # also at epoch ends
+    nonfinite: NonFinite = NonFinite.stop  # a NaN/inf loss: stop, or skip the step (counted)
 
 
 @dataclass
@@ -183,29 +280,14 @@ class Config:
     data: DataConfig = MISSING
     optim: Any = MISSING
     trainer: TrainerConfig = MISSING
-    mode: str = "train"  # train; loader: DataLoader + copy, no model; compute: model on a batch already on device
-    optimized_metric: str = "val_acc"  # what run() returns to a sweeper: a key of metrics.json
+    mode: Mode = Mode.train
+    optimized_metric: Metric = Metric.val_acc  # what run() returns to a sweeper: a key of metrics.json
     data_dir: str = "${oc.env:IMGTRAIN_DATA_DIR,'~/.cache/imgtrain'}"
     output_dir: str = "${hydra:runtime.output_dir}"
 
 
-def _rank_zero_only(value: Any, fallback: Any = None) -> Any:
-    """`value` on rank 0, `fallback` elsewhere: only rank 0 writes Hydra's .hydra/ and the log file."""
-    from imgtrain.dist import global_rank
-
-    return value if global_rank() == 0 else fallback
-
-
 def register_configs() -> None:
     """Store the schemas so the YAML files in conf/ can name them as their base (`- base_...`)."""
-    from imgtrain.dist import launch_time
-
-    # use_cache, as Hydra's own `now`: the value travels with the pickled config to submitit jobs, requeued
-    # ones included, so they find the same run directory (and resume from its checkpoints).
-    OmegaConf.register_new_resolver(
-        "launch_time", lambda fmt: launch_time().strftime(fmt), replace=True, use_cache=True
-    )
-    OmegaConf.register_new_resolver("rank_zero_only", _rank_zero_only, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     cs.store(group="data", name="base_data", node=DataConfig)
@@ -225,85 +307,34 @@ def _fail(key: str, value: Any, accepted: str) -> ConfigError:
     return ConfigError(f"{key}={shown} is invalid: {accepted}")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _check_fields(node: Any, prefix: str) -> None:
+    """Run every field's `_check`, depth first."""
+    for spec in fields(node):
+        value = getattr(node, spec.name)
+        key = f"{prefix}{spec.name}"
+        check = spec.metadata.get("check")
+        problem = check(value) if check else None
+        if problem:
+            raise _fail(key, value, problem)
+        if is_dataclass(value):
+            _check_fields(value, f"{key}.")
 
 
-def _check_choice(key: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        raise _fail(key, value, "accepted values are " + ", ".join("null" if c is None else str(c) for c in choices))
-
-
-def _check_auto_bool(key: str, value: Any) -> None:
-    if value != AUTO and not isinstance(value, bool):
-        raise _fail(key, value, "accepted values are auto, true, false")
-
-
-def _check_data(data: DataConfig) -> None:
-    if data.batch_size < 1:
-        raise _fail("data.batch_size", data.batch_size, "expected an integer >= 1 (images per process)")
-    if data.val_batch_size is not None and data.val_batch_size < 1:
-        raise _fail("data.val_batch_size", data.val_batch_size, "expected null or an integer >= 1")
-    if data.num_workers != AUTO and not (_is_int(data.num_workers) and data.num_workers >= 0):
-        raise _fail("data.num_workers", data.num_workers, "expected an integer >= 0 or auto")
-    if data.prefetch_factor is not None and data.prefetch_factor < 1:
-        raise _fail("data.prefetch_factor", data.prefetch_factor, "expected null or an integer >= 1")
-    if data.max_bad_samples is not None and data.max_bad_samples < 0:
-        raise _fail("data.max_bad_samples", data.max_bad_samples, "expected null (no limit) or an integer >= 0")
-    if data.timeout < 0:
-        raise _fail("data.timeout", data.timeout, "expected seconds >= 0 (0 waits forever)")
-    _check_auto_bool("data.distributed_sampler", data.distributed_sampler)
-    method = data.multiprocessing_context
-    if method is not None:
-        _check_choice("data.multiprocessing_context", method, (None, *START_METHODS))
-        if method not in multiprocessing.get_all_start_methods():
-            raise _fail("data.multiprocessing_context", method, "this platform does not offer that method")
-
-
-def _check_dataset(ds: DatasetConfig) -> None:
-    if ds.image_size < 8:
-        raise _fail("dataset.image_size", ds.image_size, "expected an integer >= 8 (pixels)")
+def _check_across_fields(settings: Config) -> None:
+    """What one field cannot say alone: the platform, the dataset's files, the optimiser group."""
+    method = settings.data.multiprocessing_context
+    if method is not None and str(method) not in multiprocessing.get_all_start_methods():
+        raise _fail("data.multiprocessing_context", method, "this platform does not offer that method")
+    ds = settings.dataset
     if len(ds.mean) != 3 or len(ds.std) != 3 or min(ds.std) <= 0:
         raise ConfigError("dataset.mean and dataset.std must each hold 3 values, with std > 0")
-    for key in ("num_train", "num_val", "num_classes"):
-        if getattr(ds, key, 1) < 1:
-            raise _fail(f"dataset.{key}", getattr(ds, key), "expected an integer >= 1")
     if isinstance(ds, ImageFolderConfig):
-        _check_choice("dataset.decode", ds.decode, ("cpu", "cuda"))
-        if not 0.0 < ds.val_fraction < 1.0:
-            raise _fail("dataset.val_fraction", ds.val_fraction, "expected a fraction between 0 and 1")
         if not ds.root:
             raise ConfigError("dataset.root is required with dataset=imagefolder: pass dataset.root=/path/to/images")
         if not os.path.isdir(os.path.expanduser(ds.root)):
             raise ConfigError(f"dataset.root={ds.root} is not a directory: point it at a folder of class folders")
-
-
-def _check_trainer(tr: TrainerConfig) -> None:
-    if tr.epochs < 1:
-        raise _fail("trainer.epochs", tr.epochs, "expected an integer >= 1")
-    if tr.max_steps is not None and tr.max_steps < 1:
-        raise _fail("trainer.max_steps", tr.max_steps, "expected null or an integer >= 1")
-    for key in ("warmup_steps", "log_every_n_steps"):
-        minimum = 0 if key == "warmup_steps" else 1
-        if getattr(tr, key) < minimum:
-            raise _fail(f"trainer.{key}", getattr(tr, key), f"expected an integer >= {minimum}")
-    if tr.lr_warmup_epochs < 0:
-        raise _fail("trainer.lr_warmup_epochs", tr.lr_warmup_epochs, "expected a number >= 0")
-    if not 0.0 <= tr.label_smoothing < 1.0:
-        raise _fail("trainer.label_smoothing", tr.label_smoothing, "expected a number in [0, 1)")
-    if tr.dist_timeout_s <= 0:
-        raise _fail("trainer.dist_timeout_s", tr.dist_timeout_s, "expected seconds > 0")
-    if tr.monitor_interval_s <= 0:
-        raise _fail("trainer.monitor_interval_s", tr.monitor_interval_s, "expected seconds > 0")
-    if tr.ckpt_every_n_steps < 0:
-        raise _fail("trainer.ckpt_every_n_steps", tr.ckpt_every_n_steps, "expected an integer >= 0 (0 = epoch ends)")
-    _check_choice("trainer.nonfinite", tr.nonfinite, NONFINITE)
-    if tr.resume not in RESUME_KEYWORDS and not os.path.isfile(os.path.expanduser(tr.resume)):
-        raise _fail("trainer.resume", tr.resume, "expected auto, none or the path of an existing checkpoint file")
-    _check_choice("trainer.device", tr.device, DEVICES)
-    _check_choice("trainer.precision", tr.precision, PRECISIONS)
-    _check_auto_bool("trainer.channels_last", tr.channels_last)
-    _check_auto_bool("trainer.progress_bar", tr.progress_bar)
+    if not isinstance(settings.optim, SGDConfig | AdamWConfig):
+        raise ConfigError("optim must be one of the optim group's options: optim=sgd or optim=adamw")
 
 
 def validate(cfg: DictConfig) -> Config:
@@ -312,12 +343,6 @@ def validate(cfg: DictConfig) -> Config:
         settings: Config = OmegaConf.to_object(cfg)  # resolves interpolations and enforces types
     except Exception as err:  # OmegaConf's messages are several lines; keep the first, which names the key
         raise ConfigError(str(err).splitlines()[0]) from err
-    _check_data(settings.data)
-    _check_dataset(settings.dataset)
-    _check_trainer(settings.trainer)
-    _check_choice("model.arch", settings.model.arch, ARCHS)
-    _check_choice("mode", settings.mode, MODES)
-    _check_choice("optimized_metric", settings.optimized_metric, OPTIMIZABLE)
-    if not isinstance(settings.optim, SGDConfig | AdamWConfig):
-        raise ConfigError("optim must be one of the optim group's options: optim=sgd or optim=adamw")
+    _check_fields(settings, "")
+    _check_across_fields(settings)
     return settings

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
 
+import psutil
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 
-from imgtrain.config import ConfigError
+from imgtrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +68,23 @@ def launch_time() -> datetime:
     shared; under submitit each task keeps the job's directory already. Elsewhere: this process's start.
     """
     if "TORCHELASTIC_RUN_ID" in os.environ:
-        import psutil
-
         return datetime.fromtimestamp(int(psutil.Process(os.getppid()).create_time()))
     return datetime.now()
+
+
+def _rank_zero_only(value, fallback=None):
+    """`value` on rank 0, `fallback` elsewhere: only rank 0 writes Hydra's .hydra/ and the log file."""
+    return value if global_rank() == 0 else fallback
+
+
+def register_resolvers() -> None:
+    """`${launch_time:...}` and `${rank_zero_only:...}`, which conf/config.yaml uses for the run directory."""
+    # use_cache, as Hydra's own `now`: the value travels with the pickled config to submitit jobs, requeued
+    # ones included, so they find the same run directory (and resume from its checkpoints).
+    OmegaConf.register_new_resolver(
+        "launch_time", lambda fmt: launch_time().strftime(fmt), replace=True, use_cache=True
+    )
+    OmegaConf.register_new_resolver("rank_zero_only", _rank_zero_only, replace=True)
 
 
 def dist_info_from_env() -> DistInfo:
@@ -190,11 +205,11 @@ def teardown() -> None:
     _host_group = None
 
 
-def all_gather_host(values: list[int]) -> list[list[int]]:
+def all_gather_host(values: list[float]) -> list[list[float]]:
     """Every rank's `values`, exchanged on the CPU (gloo): no GPU sync. One row for a single process."""
     if not dist.is_initialized():
         return [list(values)]
-    tensor = torch.tensor(values, dtype=torch.int64)
+    tensor = torch.tensor(values, dtype=torch.float64)
     rows = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(rows, tensor, group=_host_group)
     return [row.tolist() for row in rows]

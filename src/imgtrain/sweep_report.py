@@ -17,6 +17,8 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from imgtrain.dist import global_rank
+
 log = logging.getLogger(__name__)
 
 METRIC_COLUMNS = (
@@ -243,8 +245,6 @@ class SweepReport(Callback):
     """Hydra callback: after the last job of a multirun, write and print the sweep report."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from imgtrain.dist import global_rank
-
         if global_rank() != 0:  # inside torchrun every rank runs the sweep; one report is enough
             return
         try:

@@ -1,4 +1,4 @@
-"""DataLoader failures explained, stop signals recorded, and the per-step agreement."""
+"""DataLoader failures explained, stop signals recorded, and faults agreed at logging windows, not every step."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from imgtrain import guards
-from imgtrain.config import DataConfig, RunError
-from imgtrain.loader import GuardedSamples, build_loader, collate, plan_loader
+from imgtrain.checkpoint import Progress
+from imgtrain.config import DataConfig, NonFinite
+from imgtrain.data.failures import explain_loader_failure, next_batch
+from imgtrain.data.loader import GuardedSamples, build_loader, collate, plan_loader
+from imgtrain.errors import RunError
+from imgtrain.faults import Faults, Preempted, StopSignals
 
 
 class _Faulty(Dataset):
@@ -36,7 +39,7 @@ class _Faulty(Dataset):
 def _first_batch(dataset: Dataset, **data: object) -> None:
     settings = DataConfig(num_workers=1, batch_size=4, persistent_workers=False, **data)
     loader = build_loader(dataset, plan_loader(settings, train=True, device_type="cpu"), train=True, seed=0)
-    guards.next_batch(iter(loader), settings)
+    next_batch(iter(loader), settings)
 
 
 @pytest.mark.parametrize(
@@ -58,15 +61,15 @@ def test_a_crashed_worker_gets_a_cause_and_a_setting(signum: int, expected: list
 
 def test_data_timeout_turns_a_stuck_worker_into_an_error() -> None:
     with pytest.raises(RunError, match=r"timed out after 1 seconds: data.timeout=1 s passed without a batch"):
-        _first_batch(_Faulty(sleep_s=4), timeout=1)
+        _first_batch(_Faulty(sleep_s=2.5), timeout=1)
 
 
 def test_other_errors_pass_through() -> None:
-    assert guards.explain_loader_failure("CUDA error: out of memory", DataConfig()) is None
+    assert explain_loader_failure("CUDA error: out of memory", DataConfig()) is None
 
 
 def test_unreadable_images_are_replaced_and_reported(tmp_path) -> None:
-    from imgtrain.datasets import build_shapes
+    from imgtrain.data.datasets import build_shapes
 
     bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, False, str(tmp_path), 20, 10, 0)
     broken = bundle.train.path(1)
@@ -82,7 +85,7 @@ def test_unreadable_images_are_replaced_and_reported(tmp_path) -> None:
 
 def test_stop_signals_are_recorded_then_restored() -> None:
     before = signal.getsignal(signal.SIGUSR1)
-    with guards.StopSignals() as signals:
+    with StopSignals() as signals:
         os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(0.1)  # the handler runs in the main thread between bytecodes
         assert signals.received == signal.SIGUSR1
@@ -97,26 +100,51 @@ def test_hand_over_runs_a_schedulers_own_handler() -> None:
     calls = []
     previous = signal.signal(signal.SIGUSR2, lambda signum, frame: calls.append(signum))
     try:
-        with guards.StopSignals() as signals:
+        with StopSignals() as signals:
             os.kill(os.getpid(), signal.SIGUSR2)
             time.sleep(0.1)
             assert signals.received == signal.SIGUSR2 and not calls
-            signals.hand_over()
+            signals.hand_over(signal.SIGUSR2)
         assert calls == [signal.SIGUSR2]
     finally:
         signal.signal(signal.SIGUSR2, previous)
 
 
-def test_agree_on_a_single_process() -> None:
-    flags = guards.agree(torch.tensor(float("nan")), 0, 2, check_loss=True)
-    assert flags == guards.StepFlags(nonfinite=True, stop_signal=0, skipped=2)
-    assert not guards.agree(torch.tensor(1.5), 0, 0, check_loss=True).nonfinite
-    assert not guards.agree(None, signal.SIGTERM, 0, check_loss=True).nonfinite
-    # trainer.nonfinite=stop does not read the loss every step (no GPU sync); the loop watches it on the device.
-    assert not guards.agree(torch.tensor(float("nan")), signal.SIGTERM, 0, check_loss=False).nonfinite
-    assert guards.agree(None, signal.SIGTERM, 0, check_loss=False).stop_signal == signal.SIGTERM
+def _faults(policy: NonFinite, budget: int | None = 10) -> Faults:
+    return Faults(policy, budget, Progress(), torch.device("cpu"))
+
+
+def test_nonfinite_skip_reads_the_loss_every_step_and_stop_waits_for_a_window() -> None:
+    skip = _faults(NonFinite.skip)
+    assert not skip.allows_update(torch.tensor(float("nan")), 3) and skip.progress.nonfinite_steps == 1
+    assert skip.allows_update(torch.tensor(1.5), 4)
+    stop = _faults(NonFinite.stop)  # no read per step: the first bad step is kept on the device
+    assert stop.allows_update(torch.tensor(1.0), 1) and stop.allows_update(torch.tensor(float("inf")), 2)
+    assert stop.allows_update(torch.tensor(float("nan")), 3)
+    stop.agree([stop.local()])  # a logging window
+    assert stop.first_nan == 2
+    with pytest.raises(RunError, match="NaN or infinite at step 2"):
+        stop.act(lambda: "saved", "No checkpoint had been written yet.")
+
+
+def test_faults_act_only_on_what_the_window_agreed() -> None:
+    faults = _faults(NonFinite.stop, budget=2)
+    saves = []
+    faults.unreadable(("a.jpg: truncated", "b.jpg: truncated"))
+    faults.act(lambda: saves.append(1) or "saved", "")  # nothing agreed yet: nothing happens
+    assert saves == [] and faults.bad.count == 0
+    faults.agree([faults.local(), [0.0, 1.0, -1.0]])  # this rank's two, and another rank's one
+    assert faults.bad.count == 3 and faults.progress.skipped_samples == 3
+    with pytest.raises(RunError, match="data.max_bad_samples=2 exceeded: 3 image reads failed"):
+        faults.act(lambda: saves.append(1) or "saved", "")
+    assert saves == [1]  # the work so far is saved before the run stops
+    signalled = _faults(NonFinite.stop)
+    signalled.agree([[0.0, 0.0, -1.0], [float(signal.SIGTERM), 0.0, -1.0]])  # a signal reached rank 1 only
+    with pytest.raises(Preempted) as caught:
+        signalled.act(lambda: "The last checkpoint is x.", "")
+    assert caught.value.exit_code == 143 and "SIGTERM at step 0" in str(caught.value)
 
 
 def test_preempted_exit_code_follows_the_shell_convention() -> None:
-    assert guards.Preempted(signal.SIGTERM, "x").exit_code == 143
-    assert guards.Preempted(signal.SIGUSR1, "x").exit_code == 138
+    assert Preempted(signal.SIGTERM, "x").exit_code == 143
+    assert Preempted(signal.SIGUSR1, "x").exit_code == 138

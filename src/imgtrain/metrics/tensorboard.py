@@ -1,4 +1,4 @@
-"""One small object every metric goes through: TensorBoard scalars and HParams, rank-0 only."""
+"""TensorBoard scalars and the HParams tab, rank 0 only (the other ranks get a logger that does nothing)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,19 @@ def flatten_hparams(hparams: Mapping[str, Any], prefix: str = "") -> dict[str, b
         else:
             flat[name] = _hparam_value(value)
     return flat
+
+
+def hparams(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """Loader settings (and what else defines the run) for TensorBoard's HParams tab."""
+    params = {f"data/{k}": v for k, v in summary["loader"].items()}
+    params.update({key: summary[key] for key in ("dataset", "model", "precision", "device", "world_size")})
+    return params
+
+
+def hparam_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
+    """The final figures the HParams tab shows next to each run's settings."""
+    keys = ("images_per_sec", "data_wait_frac", "gpu_util_mean", "val_acc", "rss_peak_gb")
+    return {f"hparam/{k}": summary.get(k) for k in keys}
 
 
 class MetricsLogger:

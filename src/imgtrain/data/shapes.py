@@ -20,6 +20,8 @@ import uuid
 import numpy as np
 from PIL import Image, ImageDraw
 
+from imgtrain.host import available_cpus
+
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2  # bump when the drawing changes, so existing caches are regenerated
@@ -162,8 +164,7 @@ def _render_chunk(args: tuple[str, str, int, int, list[int]]) -> int:
 def _num_processes(total: int, most: int) -> int:
     if total < POOL_MIN_IMAGES:
         return 1
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(cpus, most))
+    return max(1, min(available_cpus(), most))
 
 
 def _generate_into(out_dir: str, image_size: int, counts: dict[str, int], seed: int, processes: int) -> None:

@@ -1,81 +1,25 @@
-"""Feeding the device faster than a DataLoader can: a CUDA prefetch stream, and device-resident datasets.
+"""dataset.decode=cuda: JPEG batches decoded with nvJPEG and transformed on the GPU, in a thread of their own.
 
-`data.device_resident=true` keeps the whole training set as one uint8 tensor on the device and augments
-whole batches there (random crop with padding, horizontal flip), with no DataLoader: the way CIFAR
-speed-record code feeds a GPU. Normalisation still happens in `Step.to_device`, as for every batch.
+torchvision's batched GPU decode blocks its caller until the batch is decoded, so it runs in a background
+thread on its own CUDA stream, ahead of the model. Every decode is fenced against nvJPEG's stream-order bug.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import logging
 import queue
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-import psutil
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import RandomResizedCrop as RandomResizedCropParams
 from torchvision.transforms import v2
 
-from imgtrain.config import ConfigError, RunError
-from imgtrain.loader import Batch, EpochSampler
-
-log = logging.getLogger(__name__)
-
-RESIDENT_PAD = 4  # pixels of zero padding before the random crop (the CIFAR recipe)
-RESIDENT_MAX_SHARE = 0.5  # of free device (or host) memory the uint8 training set may take
-
-
-class CudaPrefetcher:
-    """Copy batch n+1 to the GPU on a side stream while the model works on batch n.
-
-    The copy is `non_blocking` from pinned memory, so it overlaps compute; the main stream waits on an
-    event, not on the host. Iterates Batch objects; `inner` is the DataLoader iterator (for error handling).
-    """
-
-    def __init__(self, batches: Iterator[Batch], device: torch.device) -> None:
-        self.inner = batches
-        self.device = device
-        self.stream = torch.cuda.Stream(device)
-        self.pending: Batch | None = None
-        self.started = False  # the first batch is fetched on the first next(), where errors are explained
-
-    def _load(self) -> None:
-        batch = next(self.inner, None)
-        if batch is None:
-            self.pending = None
-            return
-        with torch.cuda.stream(self.stream):
-            self.pending = self._on_device(batch)
-
-    def _on_device(self, batch: Batch) -> Batch:
-        """Runs on the side stream: start the batch's copy to the device."""
-        images = batch.images.to(self.device, non_blocking=True)
-        labels = batch.labels.to(self.device, non_blocking=True)
-        return Batch(images, labels, batch.skipped)
-
-    def __iter__(self) -> CudaPrefetcher:
-        return self
-
-    def __next__(self) -> Batch:
-        if not self.started:
-            self.started = True
-            self._load()
-        if self.pending is None:
-            raise StopIteration
-        current = torch.cuda.current_stream(self.device)
-        current.wait_stream(self.stream)  # the side stream's work on this batch is done before the model reads it
-        batch = self.pending
-        batch.images.record_stream(current)  # its memory is not reused by the side stream too early
-        batch.labels.record_stream(current)
-        self._load()
-        return batch
+from imgtrain.data.loader import Batch
+from imgtrain.errors import RunError
 
 
 class GpuJpegBatches:
@@ -244,96 +188,3 @@ class JpegBatchDecoder:
             patch = image[None, :, top : top + height, left : left + width].float()
             out.append(F.interpolate(patch, size=list(crop.size), mode="bilinear", antialias=True))
         return torch.cat(out)
-
-
-# ----------------------------------------------------------------------------- device-resident data
-def materialize(dataset: Dataset, transform: Any, device: torch.device, workers: int) -> tuple[torch.Tensor, ...]:
-    """Decode a whole dataset once with a deterministic `transform`: (uint8 images [N,3,S,S], labels [N])."""
-    fixed = copy.copy(dataset)
-    fixed.transform = transform
-    loader = DataLoader(fixed, batch_size=256, num_workers=workers)
-    images, labels = zip(*loader, strict=True)
-    return torch.cat(images).to(device), torch.cat(labels).to(device)
-
-
-def check_fits(num_images: int, image_size: int, device: torch.device) -> None:
-    """Refuse (one line) a training set that would take more than half of the free device memory."""
-    needed = num_images * 3 * image_size * image_size
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-    else:
-        free = psutil.virtual_memory().available
-    if needed > RESIDENT_MAX_SHARE * free:
-        raise ConfigError(
-            f"data.device_resident=true needs {needed / 1e9:.1f} GB for the training set as uint8, but "
-            f"{device} has {free / 1e9:.1f} GB free: use data.device_resident=false (the DataLoader) or a smaller "
-            "dataset.image_size"
-        )
-
-
-def pad_crop_flip(images: torch.Tensor, seeds: torch.Tensor, pad: int = RESIDENT_PAD) -> torch.Tensor:
-    """Per-sample random crop (after `pad` pixels of zeros) and horizontal flip, batched, on the images' device.
-
-    The offsets and flips come from each sample's seed, so they are the same whatever the batch or device.
-    """
-    n, channels, height, width = images.shape
-    span = 2 * pad + 1
-    dx, dy, flip = seeds % span, (seeds // span) % span, (seeds // (span * span)) % 2 == 1
-    padded = torch.nn.functional.pad(images, (pad, pad, pad, pad))
-    rows = (dy[:, None] + torch.arange(height, device=images.device))[:, None, :, None]
-    cols = (dx[:, None] + torch.arange(width, device=images.device))[:, None, None, :]
-    batch = torch.arange(n, device=images.device)[:, None, None, None]
-    chan = torch.arange(channels, device=images.device)[None, :, None, None]
-    crops = padded[batch, chan, rows, cols]
-    return torch.where(flip[:, None, None, None], crops.flip(-1), crops)
-
-
-class ResidentLoader:
-    """Batches gathered from a device-resident training set, augmented on the device, with no worker.
-
-    The order comes from the same EpochSampler as the DataLoader path (sharded under DDP, resumable
-    mid-epoch), and each sample's crop and flip from its seed, so resume is exact here too.
-    """
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, sampler: EpochSampler, batch_size: int, **kw):
-        self.images, self.labels, self.sampler = images, labels, sampler
-        self.batch_size = batch_size
-        self.drop_last = kw.get("drop_last", True)
-        self.augment = kw.get("augment", True)
-
-    def __len__(self) -> int:
-        full, rest = divmod(len(self.sampler), self.batch_size)
-        return full + (0 if self.drop_last or not rest else 1)
-
-    def __iter__(self) -> Iterator[Batch]:
-        indices, seeds = self.sampler.order()  # NumPy: about a millisecond for 50,000 samples
-        if not len(indices):
-            return
-        order, seeds = _to(self.images.device, indices), _to(self.images.device, seeds)
-        for start in range(0, len(self) * self.batch_size, self.batch_size):
-            index = order[start : start + self.batch_size]
-            images = self.images[index]
-            if self.augment:
-                images = pad_crop_flip(images, seeds[start : start + self.batch_size])
-            yield Batch(images, self.labels[index])
-
-
-def _to(device: torch.device, array: Any) -> torch.Tensor:
-    """A host array on `device`; on CUDA through pinned memory, so the copy does not wait for the GPU."""
-    tensor = torch.from_numpy(array)
-    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
-
-
-def build_resident(bundle: Any, sampler: EpochSampler, batch_size: int, drop_last: bool, **kw) -> ResidentLoader:
-    """The training split on `device`, decoded once with the validation transform (square, image_size).
-
-    kw: device, workers (DataLoader workers for that one decoding pass), augment.
-    """
-    device, workers = kw["device"], kw["workers"]
-    check_fits(len(bundle.train), bundle.image_size, device)
-    images, labels = materialize(bundle.train, bundle.val.transform, device, workers)
-    log.info(
-        "data.device_resident=true: %d training images on %s (%.2f GB uint8); crops and flips run there, batched",
-        *(images.shape[0], device, images.numel() / 1e9),
-    )
-    return ResidentLoader(images, labels, sampler, batch_size, drop_last=drop_last, augment=kw["augment"])

@@ -22,9 +22,9 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_datas
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 
-from imgtrain import shapes
-from imgtrain.config import ConfigError
-from imgtrain.jpeg import EncodedJpeg, jpeg_problem
+from imgtrain.data import shapes
+from imgtrain.data.jpeg import EncodedJpeg, jpeg_problem
+from imgtrain.errors import ConfigError
 
 DOWNLOAD_TIMEOUT_S = 20.0  # socket timeout for the CIFAR download, so an offline machine fails fast
 CIFAR_FILES = {
@@ -283,12 +283,11 @@ def build_imagefolder(
     val_resize: int | None,
     decode: str = "cpu",
 ) -> DatasetBundle:
-    """root/train/<class>/* and root/val/<class>/*, or root/<class>/* split by val_fraction."""
-    if not root:
-        raise ConfigError("dataset.root is required with dataset=imagefolder: pass dataset.root=/path/to/images")
+    """root/train/<class>/* and root/val/<class>/*, or root/<class>/* split by val_fraction.
+
+    `validate` has checked that root is a directory; the layout is checked here.
+    """
     root = os.path.abspath(os.path.expanduser(root))
-    if not os.path.isdir(root):
-        raise ConfigError(f"dataset.root={root} does not exist or is not a directory ({LAYOUT_HINT})")
     (train_paths, train_labels), (val_paths, val_labels), classes = _folder_splits(root, val_fraction, split_seed)
     val_tf = eval_transform(image_size, val_resize)
     files = EncodedFileDataset if decode == "cuda" else ImageFileDataset

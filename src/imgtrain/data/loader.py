@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import random
+import signal
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -14,9 +14,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, default_collate, get_worker_info
 
 from imgtrain.config import AUTO, DataConfig
-from imgtrain.datasets import CorruptSampleError
-from imgtrain.guards import worker_signals
-from imgtrain.jpeg import EncodedJpeg
+from imgtrain.data.datasets import CorruptSampleError
+from imgtrain.data.jpeg import EncodedJpeg
+from imgtrain.host import available_cpus
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +25,27 @@ log = logging.getLogger(__name__)
 MAX_AUTO_WORKERS = 16
 
 
-def available_cpus() -> int:
-    """CPUs this process may run on (honours taskset, cgroups cpusets and SLURM bindings)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS and Windows have no sched_getaffinity
-        return os.cpu_count() or 1
+# Signals that ask for a checkpoint and a clean exit: SIGTERM (SLURM preemption and scancel, torchrun's
+# agent, `kill`), SIGUSR1 (sbatch --signal=USR1@120), and submitit's own requeue signal when it set one up.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SUBMITIT_SIGNAL = signal.SIGUSR2
+# A DataLoader worker that gets SIGTERM (SLURM signals every process of the job) lives this much longer, so
+# the main process can reach the point where it saves; then it exits even if nothing else stops it.
+# SLURM's default KillWait is 30 s: after that everything gets SIGKILL anyway.
+WORKER_GRACE_S = 30
+
+
+def worker_signals() -> None:
+    """In a DataLoader worker: survive the job-wide stop signal long enough for the main process to save."""
+    for signum in (signal.SIGUSR1, SUBMITIT_SIGNAL):
+        signal.signal(signum, signal.SIG_IGN)  # their default action would kill the worker mid-epoch
+    signal.signal(signal.SIGTERM, _worker_sigterm)
+
+
+def _worker_sigterm(signum: int, frame: Any) -> None:
+    # PyTorch also sends SIGTERM to a worker that did not stop when asked: the alarm still ends it, a bit later.
+    remaining = signal.alarm(0)  # an alarm already running keeps its deadline
+    signal.alarm(remaining or WORKER_GRACE_S)
 
 
 def auto_num_workers(local_world_size: int = 1, cpus: int | None = None) -> int:
@@ -118,7 +133,8 @@ def plan_loader(
     if workers > 0:
         kwargs["prefetch_factor"] = data.prefetch_factor
         kwargs["persistent_workers"] = data.persistent_workers
-        kwargs["multiprocessing_context"] = data.multiprocessing_context
+        method = data.multiprocessing_context
+        kwargs["multiprocessing_context"] = None if method is None else str(method)
     else:
         ignored = _worker_only_settings(data)
         if ignored:

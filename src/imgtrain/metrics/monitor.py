@@ -1,4 +1,10 @@
-"""Background sampling of GPU utilisation/memory (NVML) and CPU/RSS (psutil) during training."""
+"""Background sampling of GPU utilisation/memory (NVML) and CPU/RSS (psutil) during training.
+
+Why not torch.cuda.utilization()? It maps integer CUDA_VISIBLE_DEVICES entries to NVML indexes directly, but
+CUDA orders GPUs fastest first by default and NVML by PCI bus, so on a mixed machine it can read another
+GPU; it also calls nvmlInit on every read. The mapping below matches torch's own device UUID to NVML's,
+exactly, and falls back to the ordinal rules only where the UUID is unavailable.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,8 @@ from typing import Any
 
 import psutil
 import torch
+
+from imgtrain.host import available_cpus
 
 logger = logging.getLogger(__name__)
 
@@ -138,8 +146,7 @@ class ResourceMonitor:
         self._proc = psutil.Process()
         self._children: dict[int, psutil.Process] = {}
         # 100 % of sys/proc_cpu_pct = every CPU this process may run on is busy.
-        affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-        self._ncpus: int = max(1, len(affinity) if affinity else (os.cpu_count() or 1))
+        self._ncpus = available_cpus()
         # cpu_percent(interval=None) measures since the previous call: prime it so the first sample is real.
         psutil.cpu_percent(interval=None)
         self._proc.cpu_percent(interval=None)

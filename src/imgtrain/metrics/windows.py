@@ -58,8 +58,9 @@ class StepMeter:
         self._wait += wait_seconds
 
     @property
-    def in_warmup(self) -> bool:
-        return self._seen_steps <= self.warmup_steps
+    def open_steps(self) -> int:
+        """Steps recorded since the window started."""
+        return self._steps if self._start is not None else 0
 
     def close_window(self) -> Window | None:
         """End the current window (the caller has just synced); return it, and keep it if it is steady."""

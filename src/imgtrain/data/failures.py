@@ -1,0 +1,96 @@
+"""DataLoader failures, explained: one line saying the likely cause and the setting to change."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+
+from imgtrain.config import DataConfig
+from imgtrain.errors import RunError
+
+
+def next_batch(batches: Any, data: DataConfig) -> Any:
+    """The next batch, or None at the end of the epoch; DataLoader failures become one line saying what to change."""
+    try:
+        return next(batches, None)
+    except RuntimeError as error:
+        explanation = explain_loader_failure(_with_exit_signals(str(error), batches), data)
+        if explanation is None:
+            raise
+        raise RunError(explanation) from error
+
+
+@contextlib.contextmanager
+def workers_stopped_on_error(batches: Any) -> Iterator[Any]:
+    """Yield a DataLoader iterator; if the loop ends early (error or stop signal), stop its workers politely now.
+
+    Otherwise they would be stopped at interpreter exit with SIGTERM, which workers deliberately outlive for
+    WORKER_GRACE_S (see worker_signals). Uses PyTorch's own (private, long-stable) shutdown method.
+    """
+    try:
+        yield batches
+    except BaseException:
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if callable(shutdown):
+            shutdown()
+        raise
+
+
+def _with_exit_signals(message: str, batches: Any) -> str:
+    """Add how dead workers died: PyTorch's "exited unexpectedly" path does not say (a private attribute)."""
+    if "exited unexpectedly" not in message:
+        return message
+    batches = getattr(batches, "inner", batches)  # the DataLoader iterator behind a CudaPrefetcher
+    codes = [w.exitcode for w in getattr(batches, "_workers", []) if w.exitcode is not None and w.exitcode < 0]
+    names = sorted({signal.Signals(-code).name for code in codes if -code in signal.Signals._value2member_map_})
+    readable = {"SIGBUS": "Bus error", "SIGKILL": "Killed", "SIGSEGV": "Segmentation fault"}
+    shown = ", ".join(readable.get(name, name) for name in names)
+    return message.strip().splitlines()[0].rstrip(".") + f" (killed by signal: {shown})" if shown else message
+
+
+def _free_gb(path: str) -> str:
+    try:
+        return f"{shutil.disk_usage(path).free / 1e9:.1f} GB free"
+    except OSError:
+        return "size unknown"
+
+
+def explain_loader_failure(message: str, data: DataConfig) -> str | None:
+    """The likely cause and the setting to change for a DataLoader error message; None if it is not one."""
+    first = message.strip().splitlines()[0] if message.strip() else message
+    fewer = "lower data.num_workers, data.prefetch_factor or data.batch_size"
+    if "timed out after" in first:
+        return (
+            f"{first}: data.timeout={data.timeout:g} s passed without a batch, so a worker is stuck or very slow "
+            "(hung network storage, a deadlock after fork, a very slow transform). Raise data.timeout, try "
+            "data.multiprocessing_context=spawn, or run with data.num_workers=0 to see where it hangs"
+        )
+    if "Bus error" in first or "shared memory" in first or "No space left on device" in first:
+        return (
+            f"{first}: shared memory (/dev/shm, {_free_gb('/dev/shm')}) is too small for the batches in flight "
+            f"(num_workers x prefetch_factor batches). {fewer}; in Docker, start the container with "
+            "--shm-size=8g or --ipc=host"
+        )
+    if "signal: Killed" in first:
+        available = psutil.virtual_memory().available / 1e9
+        return (
+            f"{first}: most likely the out-of-memory killer (host memory now {available:.1f} GB available). "
+            f"{fewer}, or set data.persistent_workers=false; `dmesg` shows OOM kills"
+        )
+    if "received 0 items of ancdata" in first or "Too many open files" in first:
+        return (
+            f"{first}: the process ran out of file descriptors passing tensors between processes. Raise the "
+            "limit (`ulimit -n 65536`) or lower data.num_workers and data.prefetch_factor"
+        )
+    if re.search(r"DataLoader worker \(pid", first):
+        return (
+            f"{first}: a worker crashed, possibly in native decoding code or out of memory. Run with "
+            "data.num_workers=0 to get the Python error, or lower data.num_workers and data.prefetch_factor"
+        )
+    return None

@@ -1,0 +1,258 @@
+"""Getting batches onto the device: the conversion every batch gets, a CUDA prefetch stream, GPU JPEG decoding,
+device-resident datasets, and the one fixed batch of the compute ceiling.
+
+`data.device_resident=true` keeps the whole training set as one uint8 tensor on the device and augments
+whole batches there (random crop with padding, horizontal flip), with no DataLoader: the way CIFAR
+speed-record code feeds a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from imgtrain.data.gpu_decode import GpuJpegBatches
+from imgtrain.data.loader import Batch, EpochSampler
+from imgtrain.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+RESIDENT_PAD = 4  # pixels of zero padding before the random crop (the CIFAR recipe)
+RESIDENT_MAX_SHARE = 0.5  # of free device (or host) memory the uint8 training set may take
+
+
+@dataclass
+class Feed:
+    """How each batch reaches the model: on the device, float, normalised there, in the model's memory format.
+
+    Workers hand over uint8 images: a quarter of the bytes of float through shared memory and over PCIe.
+    """
+
+    device: torch.device
+    mean: torch.Tensor  # [1, 3, 1, 1] in 0..255 units, on the device
+    std: torch.Tensor
+    memory_format: torch.memory_format
+    non_blocking: bool  # pinned host memory: the copy need not wait for the GPU
+    prefetch: bool = False  # CUDA: copy the next batch on a side stream (data.prefetch_to_device)
+    decode_transforms: dict[str, Any] | None = None  # dataset.decode=cuda: each split's transform, run on the GPU
+
+    @classmethod
+    def build(
+        cls,
+        bundle: Any,
+        device: torch.device,
+        memory_format: torch.memory_format,
+        *,
+        pinned: bool,
+        prefetch: bool,
+        gpu_decode: bool,
+    ) -> Feed:
+        """The feed for `bundle`'s normalisation; `prefetch` needs pinned memory (from pageable memory an
+        asynchronous copy is a synchronous one), which the loader plan already checked."""
+        transforms = {"train": bundle.train.transform, "val": bundle.val.transform} if gpu_decode else None
+        return cls(
+            device=device,
+            mean=torch.tensor(bundle.mean, device=device).view(1, 3, 1, 1) * 255.0,
+            std=torch.tensor(bundle.std, device=device).view(1, 3, 1, 1) * 255.0,
+            memory_format=memory_format,
+            non_blocking=pinned,
+            prefetch=prefetch and device.type == "cuda",
+            decode_transforms=transforms,
+        )
+
+    @contextlib.contextmanager
+    def batches(self, loader_batches: Iterator[Batch], split: str = "train") -> Iterator[Iterator[Batch]]:
+        """A loader's batches, through GPU JPEG decoding in a thread (dataset.decode=cuda) or, on CUDA with
+        pinned memory, the CUDA prefetch stream. Whatever `next()` waits for counts as data wait."""
+        if self.decode_transforms is not None:
+            with GpuJpegBatches(loader_batches, self.decode_transforms[split], self.device) as decoded:
+                yield decoded
+        elif self.prefetch and split == "train":
+            yield CudaPrefetcher(loader_batches, self.device)
+        else:
+            yield loader_batches
+
+    def to_model(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch on the device as the model takes it: float32, normalised, in its memory format."""
+        images = batch.images.to(self.device, non_blocking=self.non_blocking)
+        labels = batch.labels.to(self.device, non_blocking=self.non_blocking)
+        images = images.to(dtype=torch.float32, memory_format=self.memory_format)
+        return (images - self.mean) / self.std, labels
+
+
+class CudaPrefetcher:
+    """Copy batch n+1 to the GPU on a side stream while the model works on batch n.
+
+    The copy is `non_blocking` from pinned memory, so it overlaps compute; the main stream waits on an
+    event, not on the host. Iterates Batch objects; `inner` is the DataLoader iterator (for error handling).
+    """
+
+    def __init__(self, batches: Iterator[Batch], device: torch.device) -> None:
+        self.inner = batches
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+        self.pending: Batch | None = None
+        self.started = False  # the first batch is fetched on the first next(), where errors are explained
+
+    def _load(self) -> None:
+        batch = next(self.inner, None)
+        if batch is None:
+            self.pending = None
+            return
+        with torch.cuda.stream(self.stream):
+            images = batch.images.to(self.device, non_blocking=True)
+            labels = batch.labels.to(self.device, non_blocking=True)
+        self.pending = Batch(images, labels, batch.skipped)
+
+    def __iter__(self) -> CudaPrefetcher:
+        return self
+
+    def __next__(self) -> Batch:
+        if not self.started:
+            self.started = True
+            self._load()
+        if self.pending is None:
+            raise StopIteration
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(self.stream)  # the side stream's copy of this batch is done before the model reads it
+        batch = self.pending
+        batch.images.record_stream(current)  # its memory is not reused by the side stream too early
+        batch.labels.record_stream(current)
+        self._load()
+        return batch
+
+
+class DeviceBatches:
+    """mode=compute: the same random uint8 batch, already on the device, `length` times per epoch."""
+
+    sampler = None
+
+    def __init__(self, batch: Batch, length: int) -> None:
+        self.batch, self.length = batch, length
+
+    @classmethod
+    def random(cls, bundle: Any, batch_size: int, length: int, device: torch.device) -> DeviceBatches:
+        size = (batch_size, 3, bundle.image_size, bundle.image_size)
+        images = torch.randint(0, 256, size, dtype=torch.uint8, device=device)
+        return cls(Batch(images, torch.randint(0, bundle.num_classes, (batch_size,), device=device)), length)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[Batch]:
+        return itertools.repeat(self.batch, self.length)
+
+
+# ----------------------------------------------------------------------------- device-resident data
+def materialize(dataset: Dataset, transform: Any, device: torch.device, workers: int) -> tuple[torch.Tensor, ...]:
+    """Decode a whole dataset once with a deterministic `transform`: (uint8 images [N,3,S,S], labels [N])."""
+    fixed = copy.copy(dataset)
+    fixed.transform = transform
+    loader = DataLoader(fixed, batch_size=256, num_workers=workers)
+    images, labels = zip(*loader, strict=True)
+    return torch.cat(images).to(device), torch.cat(labels).to(device)
+
+
+def check_fits(num_images: int, image_size: int, device: torch.device) -> None:
+    """Refuse (one line) a training set that would take more than half of the free device memory."""
+    needed = num_images * 3 * image_size * image_size
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+    else:
+        free = psutil.virtual_memory().available
+    if needed > RESIDENT_MAX_SHARE * free:
+        raise ConfigError(
+            f"data.device_resident=true needs {needed / 1e9:.1f} GB for the training set as uint8, but "
+            f"{device} has {free / 1e9:.1f} GB free: use data.device_resident=false (the DataLoader) or a smaller "
+            "dataset.image_size"
+        )
+
+
+def pad_crop_flip(images: torch.Tensor, seeds: torch.Tensor, pad: int = RESIDENT_PAD) -> torch.Tensor:
+    """Per-sample random crop (after `pad` pixels of zeros) and horizontal flip, batched, on the images' device.
+
+    The offsets and flips come from each sample's seed, so they are the same whatever the batch or device.
+    """
+    n, channels, height, width = images.shape
+    span = 2 * pad + 1
+    dx, dy, flip = seeds % span, (seeds // span) % span, (seeds // (span * span)) % 2 == 1
+    padded = torch.nn.functional.pad(images, (pad, pad, pad, pad))
+    rows = (dy[:, None] + torch.arange(height, device=images.device))[:, None, :, None]
+    cols = (dx[:, None] + torch.arange(width, device=images.device))[:, None, None, :]
+    batch = torch.arange(n, device=images.device)[:, None, None, None]
+    chan = torch.arange(channels, device=images.device)[None, :, None, None]
+    crops = padded[batch, chan, rows, cols]
+    return torch.where(flip[:, None, None, None], crops.flip(-1), crops)
+
+
+class ResidentLoader:
+    """Batches gathered from a device-resident training set, augmented on the device, with no worker.
+
+    The order comes from the same EpochSampler as the DataLoader path (sharded under DDP, resumable
+    mid-epoch), and each sample's crop and flip from its seed, so resume is exact here too.
+    """
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        sampler: EpochSampler,
+        batch_size: int,
+        *,
+        drop_last: bool = True,
+        augment: bool = True,
+    ) -> None:
+        self.images, self.labels, self.sampler = images, labels, sampler
+        self.batch_size, self.drop_last, self.augment = batch_size, drop_last, augment
+
+    def __len__(self) -> int:
+        full, rest = divmod(len(self.sampler), self.batch_size)
+        return full + (0 if self.drop_last or not rest else 1)
+
+    def __iter__(self) -> Iterator[Batch]:
+        indices, seeds = self.sampler.order()  # NumPy: about a millisecond for 50,000 samples
+        if not len(indices):
+            return
+        order, seeds = _to(self.images.device, indices), _to(self.images.device, seeds)
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            index = order[start : start + self.batch_size]
+            images = self.images[index]
+            if self.augment:
+                images = pad_crop_flip(images, seeds[start : start + self.batch_size])
+            yield Batch(images, self.labels[index])
+
+
+def _to(device: torch.device, array: Any) -> torch.Tensor:
+    """A host array on `device`; on CUDA through pinned memory, so the copy does not wait for the GPU."""
+    tensor = torch.from_numpy(array)
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
+
+
+def build_resident(
+    bundle: Any,
+    sampler: EpochSampler,
+    batch_size: int,
+    *,
+    drop_last: bool,
+    device: torch.device,
+    workers: int,
+    augment: bool,
+) -> ResidentLoader:
+    """The training split on `device`, decoded once with the validation transform (square, image_size), with
+    `workers` DataLoader workers for that one pass."""
+    check_fits(len(bundle.train), bundle.image_size, device)
+    images, labels = materialize(bundle.train, bundle.val.transform, device, workers)
+    log.info(
+        "data.device_resident=true: %d training images on %s (%.2f GB uint8); crops and flips run there, batched",
+        *(images.shape[0], device, images.numel() / 1e9),
+    )
+    return ResidentLoader(images, labels, sampler, batch_size, drop_last=drop_last, augment=augment)

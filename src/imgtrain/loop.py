@@ -1,0 +1,181 @@
+"""The training loop. `train_one_epoch` is the whole step: data, forward, loss, backward, update, then one call
+each to the metrics and the checkpointer. `fit` runs the epochs and validation; `EpochBatches` is the batch
+iterator that times the wait for each batch and hands unreadable files to the fault handler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from imgtrain import dist
+from imgtrain.checkpoint import Checkpointer, Progress
+from imgtrain.config import DataConfig, Mode
+from imgtrain.data.failures import next_batch, workers_stopped_on_error
+from imgtrain.data.feed import Feed
+from imgtrain.data.pipeline import RunData
+from imgtrain.faults import Faults
+from imgtrain.metrics import Metrics
+from imgtrain.optim import Step
+
+log = logging.getLogger(__name__)
+
+
+def train_one_epoch(
+    model: nn.Module,
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    step: Step,
+    faults: Faults,
+    metrics: Metrics,
+    checkpointer: Checkpointer,
+    progress: Progress,
+) -> None:
+    """One pass over `batches` (images and labels already on the device). No GPU sync here: the metrics read
+    the loss back every `trainer.log_every_n_steps` steps, and faults are acted on there."""
+    model.train()
+    for images, labels in batches:
+        with step.autocast():
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels, label_smoothing=step.label_smoothing)
+        if faults.allows_update(loss, progress.step + 1):  # False only with nonfinite=skip and a NaN/inf loss
+            step.optimizer.zero_grad(set_to_none=True)
+            step.scaler.scale(loss).backward()
+            step.scaler.step(step.optimizer)
+            step.scaler.update()
+            step.scheduler.step()
+        progress.advance(labels.shape[0])
+        metrics.step(progress.step, loss, logits, labels)  # a logging step: one sync, one exchange across ranks
+        checkpointer.step(progress)  # a stop signal, NaN or bad-data budget agreed there; periodic last.pt
+
+
+class EpochBatches:
+    """One epoch of a loader's batches on the device, at most `limit` of them (a context manager).
+
+    The time `next()` blocks is the data wait (to `on_wait`); the unreadable files each batch replaced go to
+    `on_unreadable`, and their number is kept in `unreadable`. DataLoader failures become one line.
+    """
+
+    def __init__(
+        self,
+        loader: Any,
+        feed: Feed,
+        data: DataConfig,
+        limit: float,
+        *,
+        on_unreadable: Callable[[tuple[str, ...]], None],
+        on_wait: Callable[[float], None] | None = None,
+        split: str = "train",
+    ) -> None:
+        self.loader, self.feed, self.data, self.limit, self.split = loader, feed, data, limit, split
+        self.on_unreadable, self.on_wait = on_unreadable, on_wait or (lambda seconds: None)
+        self.taken, self.unreadable = 0, 0
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> EpochBatches:
+        loader_batches = self._stack.enter_context(workers_stopped_on_error(iter(self.loader)))
+        self.batches = self._stack.enter_context(self.feed.batches(loader_batches, self.split))
+        return self
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        return self._stack.__exit__(*exc)
+
+    @property
+    def completed(self) -> bool:
+        """Whether the whole epoch was taken (not cut short by trainer.max_steps)."""
+        return self.taken >= len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while self.taken < self.limit:
+            started = time.perf_counter()
+            batch = next_batch(self.batches, self.data)  # blocks while no batch is ready: the data wait
+            if batch is None:
+                return
+            self.on_wait(time.perf_counter() - started)
+            self.taken += 1
+            self.unreadable += len(batch.skipped)
+            self.on_unreadable(batch.skipped)
+            yield self.feed.to_model(batch)
+
+
+@dataclass
+class Components:
+    """What the loop calls besides the model, the data and the update, built once by `run`."""
+
+    faults: Faults
+    metrics: Metrics
+    checkpointer: Checkpointer
+    progress: Progress
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: RunData, step: Step, faults: Faults, last_checkpoint: str) -> dict[str, float]:
+    """Top-1 accuracy and mean loss over the validation set, each sample counted once across ranks."""
+    model.eval()
+    totals = torch.zeros(3, device=data.feed.device, dtype=torch.float64)  # loss sum, correct, count
+    batches = EpochBatches(
+        data.val, data.feed, data.settings, float("inf"), on_unreadable=faults.bad.report, split="val"
+    )
+    with batches:
+        for images, labels in batches:
+            with step.autocast():
+                logits = model(images)
+            totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")
+            totals[1] += (logits.argmax(dim=1) == labels).sum()
+            totals[2] += labels.shape[0]
+    loss_sum, correct, count, unreadable = dist.all_reduce_sum([*totals.tolist(), batches.unreadable], totals.device)
+    if unreadable:
+        faults.count_unreadable(int(unreadable), last_checkpoint)
+    return {"val_loss": loss_sum / max(count, 1), "val_acc": correct / max(count, 1), "val_count": int(count)}
+
+
+def fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mode, epochs: int) -> None:
+    """Train from `parts.progress` to `parts.checkpointer.total_steps`; in mode=train, validate and save at
+    every epoch end."""
+    progress = parts.progress
+    for epoch in range(progress.epoch, epochs):
+        progress.begin_epoch(epoch)
+        data.start_epoch(epoch, progress.samples_in_epoch)
+        parts.metrics.begin_epoch(epoch, len(data.train))
+        limit = parts.checkpointer.total_steps - progress.step
+        batches = EpochBatches(
+            data.train,
+            data.feed,
+            data.settings,
+            limit,
+            on_unreadable=parts.faults.unreadable,
+            on_wait=parts.metrics.add_wait,
+        )
+        with batches:
+            train_one_epoch(model, batches, step, parts.faults, parts.metrics, parts.checkpointer, progress)
+        parts.metrics.end_epoch(progress.step)  # the last, partial window: its agreed faults are acted on now
+        parts.faults.act(parts.checkpointer.save_and_wait, parts.checkpointer.last_checkpoint())
+        if mode == Mode.train:
+            _end_epoch(model, data, step, parts, epochs=epochs, completed=batches.completed)
+        elif batches.completed:
+            progress.end_epoch()
+
+
+def _end_epoch(model: nn.Module, data: RunData, step: Step, parts: Components, *, epochs: int, completed: bool):
+    """Validate, log, and write last.pt (and best.pt when accuracy improved). An epoch cut short by
+    trainer.max_steps keeps its position, so a longer run continues from there."""
+    progress = parts.progress
+    progress.val = evaluate(model, data, step, parts.faults, parts.checkpointer.last_checkpoint())
+    parts.metrics.log({"val/loss": progress.val["val_loss"], "val/acc": progress.val["val_acc"]}, progress.step)
+    improved = progress.best_val_acc is None or progress.val["val_acc"] > progress.best_val_acc
+    if improved:
+        progress.best_val_acc = progress.val["val_acc"]
+    log.info(
+        "epoch %d/%d: val_loss %.4f  val_acc %.4f",
+        *(progress.epoch + 1, epochs, progress.val["val_loss"], progress.val["val_acc"]),
+    )
+    if completed:
+        progress.end_epoch()
+    parts.checkpointer.end_epoch(improved)

@@ -1,0 +1,6 @@
+"""Every number a run reports, through one component (`Metrics`, in `processor`): step windows (`windows`),
+GPU/CPU/memory sampling (`monitor`), TensorBoard (`tensorboard`), and what the console shows (`report`)."""
+
+from imgtrain.metrics.processor import Metrics
+
+__all__ = ["Metrics"]

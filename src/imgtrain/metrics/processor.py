@@ -1,0 +1,201 @@
+"""The run's one metrics component, in the spirit of torchtitan's MetricsProcessor.
+
+It owns the step windows, the resource monitor, TensorBoard, the progress bar and the end-of-run summary, and
+reduces across ranks in one place. The loop hands it each step's loss on the device; it reads numbers back
+only every `trainer.log_every_n_steps` steps, where one sync and one small CPU exchange happen. The fault
+handler's numbers (stop signal, unreadable files, first NaN step) travel with that exchange.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torchvision
+
+from imgtrain import dist
+from imgtrain.config import Config, Mode
+from imgtrain.faults import Faults
+from imgtrain.host import available_cpus, write_json
+from imgtrain.metrics import report
+from imgtrain.metrics.monitor import ResourceMonitor
+from imgtrain.metrics.tensorboard import MetricsLogger, hparam_metrics, hparams
+from imgtrain.metrics.windows import StepMeter
+
+PERF_VALUES = 4  # images/s, data-wait share, step time (ms), GPU utilisation: each rank's, per exchange
+
+
+def across_ranks(perf: list[float], extra: list[float] = ()) -> tuple[dict[str, Any], list[list[float]]]:
+    """Every rank's [images/s, wait share, step ms, GPU util] (and `extra`), in one CPU exchange: throughput is
+    summed, the wait averaged and its maximum kept (the slowest rank bounds a DDP step), GPU util per rank."""
+    rows = dist.all_gather_host([*perf, *extra])
+    merged = {
+        "images_per_sec": sum(row[0] for row in rows),
+        "data_wait_frac": sum(row[1] for row in rows) / len(rows),
+        "data_wait_frac_max": max(row[1] for row in rows),
+        "step_time_ms": max(row[2] for row in rows),
+        "gpu_util_per_rank": [row[3] if row[3] >= 0 else None for row in rows],
+    }
+    return merged, [row[PERF_VALUES:] for row in rows]
+
+
+class Metrics:
+    """Windows, monitor, TensorBoard (rank 0), progress bar and summary for one run."""
+
+    def __init__(self, settings: Config, device: torch.device, info: dist.DistInfo, out_dir: Path, faults: Faults):
+        trainer = settings.trainer
+        self.settings, self.device, self.info, self.faults = settings, device, info, faults
+        self.log_every, self.warmup_steps = trainer.log_every_n_steps, trainer.warmup_steps
+        self.losses = settings.mode != Mode.loader  # mode=loader's stand-in model has no loss worth showing
+        self.meter = StepMeter(trainer.warmup_steps)
+        self.monitor = ResourceMonitor(device, trainer.monitor_interval_s)
+        self.tb_dir = str(out_dir / "tb")
+        self.tb: MetricsLogger | None = None
+        self.bar: Any = None
+        self.total_steps, self.lr = 0, lambda: 0.0
+        self.sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss x images, correct, images
+        self.wait = 0.0  # seconds waited for the next batch since the last step
+
+    @contextlib.contextmanager
+    def running(self, start_step: int, total_steps: int, lr: Callable[[], float]) -> Iterator[Metrics]:
+        """Sample resources and write TensorBoard while training; `lr` reads the current learning rate."""
+        self.total_steps, self.lr = total_steps, lr
+        # purge_step: TensorBoard hides what an interrupted run logged after the checkpoint it resumed from.
+        self.tb = MetricsLogger(self.tb_dir, enabled=self.info.is_main, purge_step=start_step + 1 or None)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.monitor.start()
+        try:
+            yield self
+        finally:
+            self.monitor.stop()
+
+    # ------------------------------------------------------------------ during an epoch
+    def begin_epoch(self, epoch: int, steps: int) -> None:
+        self.bar = report.progress_bar(steps, epoch, self.settings.trainer.progress_bar)
+        self.sums.zero_()
+        self.wait = 0.0
+        self.meter.start_window()
+
+    def add_wait(self, seconds: float) -> None:
+        """Time the loop blocked waiting for a batch (the batch iterator calls this)."""
+        self.wait += seconds
+
+    def step(self, step: int, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """Count one step; at a logging step, read everything back (one sync) and log."""
+        if self.losses:  # on the device, no sync; a NaN/inf loss (skipped or about to stop the run) is left out
+            loss = loss.detach().double()
+            finite = torch.isfinite(loss)
+            images = finite.double() * labels.shape[0]
+            correct = (logits.argmax(dim=1) == labels).sum().double() * finite
+            self.sums += torch.stack([torch.where(finite, loss, 0.0) * images, correct, images])
+        self.meter.add_step(labels.shape[0], self.wait)
+        self.wait = 0.0
+        self.bar.update(1)
+        if (step % self.log_every == 0 or step == self.warmup_steps) and step < self.total_steps:
+            self._close_window(step)
+
+    def end_epoch(self, step: int) -> None:
+        """Log the epoch's last, partial window (every rank has one at the same step)."""
+        if self.meter.open_steps:
+            self._close_window(step)
+        self.bar.close()
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.tb.log(values, step)
+
+    def _close_window(self, step: int) -> None:
+        loss_images, correct, seen = self.sums.tolist()  # the one sync of the window
+        window = self.meter.close_window()
+        values: dict[str, float] = {}
+        if self.losses:
+            values["lr"] = self.lr()
+            if seen:
+                values.update({"train/loss": loss_images / seen, "train/acc": correct / seen})
+        values.update(self.monitor.window())
+        if self.device.type == "cuda":
+            values["gpu/mem_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
+        steady = window is not None and bool(self.meter.windows) and self.meter.windows[-1] is window
+        if window is not None and not steady:
+            self.monitor.reset_summary()  # a warm-up window just ended: resource means cover the steady state only
+        perf = [window.images_per_sec, window.data_wait_frac, window.step_time_ms] if steady else [0.0] * 3
+        merged, fault_rows = across_ranks([*perf, values.get("gpu/util_pct", -1.0)], self.faults.local())
+        self.faults.agree(fault_rows)
+        values["data/skipped_samples"] = self.faults.progress.skipped_samples
+        if self.faults.progress.nonfinite_steps:
+            values["train/nonfinite_steps"] = self.faults.progress.nonfinite_steps
+        if steady:
+            keys = ("images_per_sec", "data_wait_frac", "step_time_ms")
+            values.update({f"perf/{key}": merged[key] for key in keys})
+            if self.info.world_size > 1:
+                values["perf/data_wait_frac_max"] = merged["data_wait_frac_max"]
+        if self.info.world_size > 1:
+            values.update({f"gpu/util_pct/rank{r}": u for r, u in enumerate(merged["gpu_util_per_rank"]) if u})
+        self.tb.log(values, step)
+        report.update_progress(self.bar, values, step)
+        self.sums.zero_()
+        self.meter.start_window()
+
+    # ------------------------------------------------------------------ the end of the run
+    def summary(self, progress: Any, precision: str, loader_args: dict, wall_time_s: float) -> dict[str, Any]:
+        """The run's final figures, reduced over ranks (every rank must call it)."""
+        perf, resources = self.meter.summary(), self.monitor.summary()
+        measured = perf["images_per_sec"] is not None
+        util = resources.get("gpu_util_mean")
+        merged, _ = across_ranks(
+            [perf["images_per_sec"] or 0.0, perf["data_wait_frac"] or 0.0, 0.0, -1.0 if util is None else util]
+        )
+        device, info, settings, val = self.device, self.info, self.settings, progress.val
+        cuda = device.type == "cuda"
+        return {
+            "status": "ok",
+            "mode": settings.mode,
+            "images_per_sec": merged["images_per_sec"] if measured else None,
+            "images_per_sec_per_process": perf["images_per_sec"],
+            "images_per_sec_median": perf.get("images_per_sec_median"),
+            "images_per_sec_windows": perf["windows"],
+            "data_wait_frac": merged["data_wait_frac"] if measured else None,
+            "data_wait_frac_max": merged["data_wait_frac_max"] if measured else None,
+            "step_time_ms": perf["step_time_ms"],
+            "measured_steps": perf.get("measured_steps", 0),
+            "gpu_util_mean": util,
+            "gpu_util_mean_per_rank": merged["gpu_util_per_rank"],
+            "gpu_mem_used_max_gb": resources.get("gpu_mem_used_max_gb"),
+            "gpu_mem_peak_gb": torch.cuda.max_memory_allocated(device) / 1e9 if cuda else None,
+            "cpu_pct_mean": resources.get("cpu_pct_mean"),
+            "proc_cpu_pct_mean": resources.get("proc_cpu_pct_mean"),
+            "rss_peak_gb": resources.get("rss_peak_gb"),
+            "val_acc": val.get("val_acc"),
+            "val_loss": val.get("val_loss"),
+            "val_count": val.get("val_count"),
+            "best_val_acc": progress.best_val_acc,
+            "steps": progress.step,
+            "skipped_samples": progress.skipped_samples,
+            "nonfinite_steps": progress.nonfinite_steps,
+            "wall_time_s": wall_time_s,
+            "loader": loader_args["train"],
+            "loader_val": loader_args["val"],
+            "batch_size_global": loader_args["train"]["batch_size"] * info.world_size,
+            "world_size": info.world_size,
+            "local_world_size": info.local_world_size,
+            "device": str(device),
+            "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
+            "precision": precision,
+            "dataset": settings.dataset.name,
+            "model": settings.model.arch,
+            "torch_version": torch.__version__,
+            "torchvision_version": torchvision.__version__,
+            "cpu_count": available_cpus(),
+        }
+
+    def finish(self, summary: dict[str, Any], path: Path) -> None:
+        """Add the verdict; rank 0 writes metrics.json, the TensorBoard hparams and the console table."""
+        summary["verdict"] = report.verdict(summary)
+        if self.info.is_main:
+            write_json(path, summary)
+            self.tb.log_hparams(hparams(summary), hparam_metrics(summary))
+            report.print_table(summary)
+        self.tb.close()
