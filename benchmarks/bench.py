@@ -5,6 +5,9 @@ Sections, in one invocation on this machine (`--only` picks some, e.g. `--only g
   modes         the three modes (loader, compute, train) for synthetic, shapes and imagefolder, plus the
                 device-resident train path;
   workers       loader throughput (mode=loader, shapes) as data.num_workers grows to the CPU count;
+  checkpoint    the cost of checkpointing: images/s with last.pt every 30 s of training and at the default
+                settings, against no checkpoints, interleaved (CPU: ResNet-18 at 32 px, about 16 minutes on 2
+                cores; CUDA: ResNet-50 at 224 px);
   gpu-ceilings  ResNet-18 CIFAR-style at 32 px: compute ceiling, device-resident and DataLoader paths (with the
                 loader's own ceiling per worker count); ResNet-50 at 224 px on synthetic data. About 4 minutes on
                 one H100;
@@ -33,6 +36,7 @@ from pathlib import Path
 
 import torch
 import torchvision
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -40,6 +44,8 @@ from imgtrain.data.shapes import ensure_shapes  # noqa: E402
 from imgtrain.host import available_cpus  # noqa: E402
 
 NOT_MEASURED = "not measured: no CUDA device on this machine"
+CKPT_WINDOW = 5  # steps per logging window in the checkpoint section
+CPU_CKPT_STEPS = 200  # ResNet-18 at 32 px, batch 64, on 2 cores: about 95 s, so 3 saves 30 s apart
 
 
 class Bench:
@@ -50,11 +56,11 @@ class Bench:
         self.env = {**os.environ, "IMGTRAIN_DATA_DIR": str(workdir / "data"), "PYTHONUNBUFFERED": "1"}
         self.runs = 0
 
-    def train(self, *overrides: str, timeout: float = 1800) -> dict:
+    def train(self, *overrides: str, timeout: float = 1800, checkpoints: bool = False) -> dict:
         """One train.py run; its metrics.json plus the command that produced it (its log stays in its run dir)."""
         self.runs += 1
         run_dir = self.workdir / "runs" / f"{self.runs:03d}"
-        args = [*overrides, "trainer.save_checkpoints=false", "trainer.progress_bar=false"]
+        args = [*overrides, *([] if checkpoints else ["trainer.save_checkpoints=false"]), "trainer.progress_bar=false"]
         cmd = [sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"]
         print(f"  run {self.runs:03d}: {_shown(args)}", flush=True)
         try:
@@ -134,6 +140,78 @@ def workers(bench: Bench, steps: int) -> list[dict]:
         run = bench.train("mode=loader", f"data.num_workers={count}", f"trainer.max_steps={steps}")
         rows.append({"num_workers": count, **_figures(run)})
     return rows
+
+
+def checkpoint_cost(bench: Bench, repeats: int, steps: int) -> dict:
+    """(d) Throughput with last.pt every 30 s of training, and at the default settings, against no checkpoints:
+    interleaved runs in one epoch (so every save is a timed one, inside the measured windows)."""
+    cuda = torch.cuda.is_available()
+    if cuda:  # ResNet-50 + AdamW: a 307 MB checkpoint
+        base = ["dataset=synthetic", "dataset.image_size=224", "model=resnet50", "data.batch_size=256"]
+    else:  # ResNet-18 + AdamW: 134 MB
+        base = ["dataset=synthetic", "dataset.image_size=32"]
+    base += [f"dataset.num_train={steps * (256 if cuda else 64) + 512}", f"trainer.max_steps={steps}"]
+    base += [f"trainer.log_every_n_steps={CKPT_WINDOW}"]  # short windows: the paired estimate below
+    variants = {
+        "off": ["trainer.save_checkpoints=false"],
+        "every 30 s": ["trainer.ckpt_every_min=0.5"],
+        "defaults": [],
+    }
+    runs: dict[str, list[dict]] = {name: [] for name in variants}
+    for i in range(repeats):
+        order = list(variants) if i % 2 == 0 else list(reversed(variants))  # alternate, so drift hits all
+        for name in order:
+            run = bench.train(*base, *variants[name], checkpoints=True)
+            log = Path(run["run_dir"], "output.log").read_text() if "run_dir" in run else ""
+            run["saves"] = len(re.findall(r"checkpoint of step \d+: ", log))
+            run["save_s"] = [float(v) for v in re.findall(r"written in ([\d.]+) s", log)]
+            run["copy_s"] = [float(v) for v in re.findall(r"([\d.]+) s on the training thread", log)]
+            if "run_dir" in run:  # the saves inside the measured steps (not the one at the end of the run)
+                inside = [int(v) for v in re.findall(r"checkpoint of step (\d+): ", log) if int(v) < steps]
+                run["stall_s"] = save_stall(Path(run["run_dir"]), inside, CKPT_WINDOW)
+            runs[name].append(run)
+    rows = []
+    for name, done in runs.items():
+        rates = [r["images_per_sec"] for r in done if r.get("images_per_sec")]
+        rows.append(
+            {
+                "variant": name,
+                "images_per_sec": statistics.median(rates) if rates else None,
+                "images_per_sec_runs": rates,
+                "saves_per_run": [r.get("saves") for r in done],
+                "write_s": [s for r in done for s in r.get("save_s", [])],
+                "copy_s": [s for r in done for s in r.get("copy_s", [])],
+                "stall_s": [s for r in done for s in r.get("stall_s", [])],
+                "wall_time_s": [r.get("wall_time_s") for r in done],
+                "command": done[0].get("command"),
+                **({"error": done[0]["error"]} if "error" in done[0] else {}),
+            }
+        )
+    off = rows[0]["images_per_sec"]
+    for row in rows[1:]:
+        row["cost"] = 1 - row["images_per_sec"] / off if off and row["images_per_sec"] else None
+        if row["stall_s"]:  # what one save costs, spread over the 30 s between two saves
+            row["stall_per_save_s"] = statistics.mean(row["stall_s"])
+            row["stall_cost_at_30s"] = row["stall_per_save_s"] / 30.0
+    return {"device": "cuda" if cuda else "cpu", "steps": steps, "repeats": repeats, "rows": rows}
+
+
+def save_stall(run_dir: Path, save_steps: list[int], window: int) -> list[float]:
+    """Seconds each save at `save_steps` added to training, paired within the run: the two windows after the
+    save (the copy, then the writer competing for the cores) against the median of nearby windows without a
+    save. Run-to-run noise on a shared 2-core machine (±5%) hides a 2% cost; neighbouring windows do not."""
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    seconds = {e.step: e.value * window / 1000 for e in events.Scalars("perf/step_time_ms")}  # window end -> s
+    touched = {s + k * window for s in save_steps for k in (1, 2)}
+    stalls = []
+    for save in save_steps:
+        after = [save + window, save + 2 * window]
+        near = [w for w in seconds if abs(w - save) <= 8 * window and w not in touched]
+        if all(w in seconds for w in after) and len(near) >= 4:
+            base = statistics.median(seconds[w] for w in near)
+            stalls.append(sum(seconds[w] - base for w in after))
+    return stalls
 
 
 # ----------------------------------------------------------------------------- GPU sections
@@ -306,14 +384,16 @@ def machine() -> dict:
     }
 
 
-SECTIONS = ("overhead", "modes", "workers", "gpu-ceilings", "gpu-jpeg")
+SECTIONS = ("overhead", "modes", "workers", "checkpoint", "gpu-ceilings", "gpu-jpeg")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="few steps and one repeat: a smoke test, not figures")
     parser.add_argument("--only", help=f"comma-separated sections to run (default: all): {', '.join(SECTIONS)}")
-    parser.add_argument("--repeats", type=int, help="interleaved runs each for the overhead (default 5; quick 1)")
+    parser.add_argument(
+        "--repeats", type=int, help="interleaved runs each for overhead (default 5) and checkpoint (3); quick: 1"
+    )
     parser.add_argument("--workdir", type=Path, help="datasets and run directories (default: a temporary dir)")
     parser.add_argument("--json", type=Path, help="results file (default: benchmarks/results/<date>.json)")
     parser.add_argument("--markdown", type=Path, help="file to append the report to (default: BENCHMARKS.md)")
@@ -342,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
         report["modes"] = modes(bench, steps)
     if "workers" in only:
         report["workers"] = workers(bench, steps)
+    if "checkpoint" in only:
+        ckpt_steps = 12 if args.quick else (1500 if torch.cuda.is_available() else CPU_CKPT_STEPS)
+        report["checkpoint"] = checkpoint_cost(bench, 1 if args.quick else (args.repeats or 3), ckpt_steps)
     if "gpu-ceilings" in only:
         report["gpu_ceilings"] = gpu_ceilings(bench, gpu_steps, gpu_warmup)
     if "gpu-jpeg" in only:

@@ -31,13 +31,16 @@ def test_quick_benchmark_runs_every_section(tmp_path: Path) -> None:
     assert modes[("shapes", "train, data.device_resident=true")]["images_per_sec"] > 0
     assert [row["num_workers"] for row in report["workers"]][:2] == [0, 1]
     assert all(row["images_per_sec"] > 0 for row in report["workers"])
+    ckpt = {row["variant"]: row for row in report["checkpoint"]["rows"]}
+    assert all(row["images_per_sec"] > 0 for row in ckpt.values()) and ckpt["off"]["saves_per_run"] == [0]
+    assert ckpt["defaults"]["saves_per_run"] == [1]  # the end of the run (no improvement seen: one epoch)
     gpu_rows = [*report["gpu_ceilings"], *report["gpu_jpeg"]["rows"]]
     assert {row["key"] for row in gpu_rows} >= {"r18_ceiling", "r18_resident", "r50_ceiling", "r50_jpeg_cuda"}
     if not torch.cuda.is_available():
         assert all(row["note"].startswith("not measured") for row in gpu_rows)
     text = out_md.read_text()
     assert "(quick mode: a smoke test, not figures to quote)" in text and "### (c) Loader throughput" in text
-    assert "### (d) GPU" in text and "### (e) GPU" in text
+    assert "### (d) GPU" in text and "### (e) GPU" in text and "### Checkpoint cost" in text
 
 
 def test_only_runs_the_sections_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,16 +9,22 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import FAST, compose_cfg
 
 from imgtrain import checkpoint
-from imgtrain.checkpoint import CheckpointError, CheckpointStore
+from imgtrain.checkpoint import Checkpointer, CheckpointError, CheckpointStore, Progress
+from imgtrain.config import NonFinite, validate
+from imgtrain.dist import DistInfo
 from imgtrain.errors import RunError
+from imgtrain.faults import Faults
+from imgtrain.optim import build_step
 
 
 def _payload(step: int, size: int = 1000) -> dict:
@@ -101,7 +107,7 @@ def test_a_write_that_does_not_verify_leaves_the_old_file(tmp_path: Path, monkey
     def broken_save(obj, f) -> None:
         f.write(b"PK\x03\x04 half a zip")  # what a full disk or a failing device can leave behind
 
-    monkeypatch.setattr(checkpoint.torch, "save", broken_save)
+    monkeypatch.setattr(torch, "save", broken_save)
     with pytest.raises(CheckpointError, match="does not verify"):
         store.save(_payload(2))
     assert checkpoint.load(store.last)["progress"]["step"] == 1
@@ -112,10 +118,10 @@ def test_a_kill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path:
     """SIGKILL while the new file is being written: last.pt is untouched and the leftover is cleaned up."""
     script = textwrap.dedent(
         f"""
-        import os, time, torch
+        import os, pathlib, time, torch
         from imgtrain import checkpoint
         from test_checkpoint import _payload
-        store = checkpoint.CheckpointStore(checkpoint.Path({str(tmp_path)!r}), enabled=True)
+        store = checkpoint.CheckpointStore(pathlib.Path({str(tmp_path)!r}), enabled=True)
         store.save(_payload(1))
         os.fsync = lambda fd: time.sleep(600)  # hold the second save between its write and its rename
         store.save(_payload(2, size=2_000_000))
@@ -161,3 +167,96 @@ def test_checkpoints_are_read_into_host_memory(tmp_path: Path, monkeypatch: pyte
     path, payload = checkpoint.locate("auto", store)
     checkpoint.restore_rng(payload["rng"])
     assert path == store.last and seen == ["cpu"]
+
+
+def _checkpointer(tmp_path: Path) -> Checkpointer:
+    """A Checkpointer for a small model with AdamW, one training step in (so the optimizer has state)."""
+    settings = validate(compose_cfg(*FAST))
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten())
+    step = build_step(settings, model, torch.device("cpu"), "fp32", (8, 16))
+    model(torch.randn(2, 3, 5, 5)).square().mean().backward()
+    step.optimizer.step()
+    checkpointer = Checkpointer(settings, tmp_path, DistInfo(), Faults(NonFinite.stop, None, Progress(), "cpu"))
+    checkpointer.attach(model, step, total_steps=16)
+    return checkpointer
+
+
+def _held_store(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Hold every background write until the returned event is set."""
+    release, real_save = threading.Event(), CheckpointStore.save
+
+    def held(self, payload, best=False):
+        assert release.wait(30)
+        return real_save(self, payload, best)
+
+    monkeypatch.setattr(CheckpointStore, "save", held)
+    return release
+
+
+def test_a_background_save_holds_the_state_of_the_step_it_was_asked_at(tmp_path: Path, monkeypatch) -> None:
+    """Training changes the weights and optimizer state while the write is in flight; the file still holds
+    the state at the save, the same as a synchronous torch.save at that moment."""
+    checkpointer = _checkpointer(tmp_path)
+    checkpointer.progress.step = 5
+    checkpoint.write_verified(checkpointer._payload(), tmp_path / "sync.pt")  # what a synchronous save writes
+    release = _held_store(monkeypatch)
+    checkpointer.save()
+    assert checkpointer.writer.busy  # returned before writing
+    with torch.no_grad():  # the next steps: in-place updates, as optimizer.step() does
+        for tensor in [
+            *checkpointer.model.state_dict().values(),
+            *checkpointer.step_state.optimizer.state[next(iter(checkpointer.step_state.optimizer.state))].values(),
+        ]:
+            tensor.add_(1)
+    checkpointer.progress.step = 6
+    release.set()
+    checkpointer.writer.close()
+    written, sync = checkpoint.load(checkpointer.store.last), checkpoint.load(tmp_path / "sync.pt")
+    assert written["progress"]["step"] == 5
+    for key in ("model", "optimizer"):
+        assert _same(written[key], sync[key]), key
+    assert written["scheduler"] == sync["scheduler"] and written["rng"]["torch"].equal(sync["rng"]["torch"])
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def test_one_write_in_flight_a_periodic_save_is_skipped_and_best_waits(tmp_path: Path, monkeypatch, caplog) -> None:
+    checkpointer = _checkpointer(tmp_path)
+    release = _held_store(monkeypatch)
+    caplog.set_level(logging.INFO)
+    checkpointer.progress.step = 3
+    checkpointer.save()
+    checkpointer.progress.step = 6
+    checkpointer.save()  # periodic: skipped, the run goes on
+    assert "checkpoint of step 6 skipped: the one of step 3 is still being written" in caplog.text
+    threading.Timer(0.2, release.set).start()
+    checkpointer.progress.step = 8
+    checkpointer.save(best=True)  # validation improved: must be written, so it waits
+    assert "for the checkpoint of step 3 before saving step 8" in caplog.text
+    checkpointer.writer.close()
+    assert checkpoint.load(checkpointer.store.best)["progress"]["step"] == 8
+    assert checkpoint.load(checkpointer.store.prev)["progress"]["step"] == 3
+
+
+def test_the_clock_is_agreed_at_a_window_and_the_epoch_end_follows_it(tmp_path: Path, monkeypatch) -> None:
+    checkpointer = _checkpointer(tmp_path)
+    saves = []
+    monkeypatch.setattr(checkpointer, "save", lambda best=False, wait=False: saves.append((best, wait)))
+    checkpointer.agree([checkpointer.local()])
+    checkpointer.step(checkpointer.progress)
+    checkpointer.end_epoch(improved=False, last=False)
+    assert saves == [] and checkpointer.every_s == 600  # the 10-minute default has not run out
+    checkpointer.last_save -= 601
+    assert checkpointer.local()[0] == 1.0
+    checkpointer.agree([checkpointer.local(), [0.0, 0.0]])  # rank 0's clock decides for every rank
+    checkpointer.end_epoch(improved=False, last=False)
+    checkpointer.end_epoch(improved=True, last=False)  # best.pt, whatever the clock
+    assert saves == [(False, False), (True, False)]

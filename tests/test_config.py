@@ -106,6 +106,8 @@ def test_every_data_key_is_overridable(override: str, key: str, expected: object
         ("data.timeout=-1", "data.timeout=-1"),
         ("data.distributed_sampler=maybe", "auto, true, false"),
         ("trainer.epochs=0", "trainer.epochs=0"),
+        ("trainer.ckpt_every_min=0", "trainer.ckpt_every_min=0.0 is invalid: expected minutes > 0, or null"),
+        ("trainer.ckpt_every_n_steps=-5", "trainer.ckpt_every_n_steps=-5"),
         ("dataset=imagefolder", "dataset.root is required"),
         ("dataset=imagefolder dataset.root=/no/such/dir", "/no/such/dir"),
     ],

@@ -224,3 +224,49 @@ def test_a_nan_on_one_rank_is_skipped_on_every_rank(tmp_path: Path, data_dir: Pa
     metrics = json.loads((_run_dirs(tmp_path)[0] / "metrics.json").read_text())
     assert metrics["nonfinite_steps"] == 1  # rank 0's loss was finite: it skipped because rank 1 said so
     assert metrics["steps"] == 4
+
+
+@pytest.mark.slow  # three torchrun jobs
+def test_sigterm_to_torchrun_then_resume_matches_an_uninterrupted_two_process_run(tmp_path: Path, data_dir: Path):
+    """SIGTERM to the torchrun agent (what SLURM and Ctrl-C send): it stops both ranks, which save and exit; the
+    same command then resumes, and the weights and final loss equal those of one uninterrupted 2-process run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import ROOT
+
+    args = [*DDP, "trainer.epochs=3", "trainer.ckpt_every_n_steps=2", "data.num_workers=1"]
+    args += ["trainer.deterministic=true"]
+    straight = tmp_path / "straight"
+    assert run_torchrun([*args, f"hydra.run.dir={straight}"], tmp_path, data_dir).returncode == 0
+    run_dir = tmp_path / "interrupted"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    env = {**os.environ, "IMGTRAIN_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [*cmd, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 180
+    while not (run_dir / "checkpoints" / "last.pt").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # to the agent, which passes it on to its workers
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and output.count("stopped at step") == 2, output[-4000:]
+    stopped = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["progress"]["step"]
+    assert stopped < 12 and not (run_dir / "metrics.json").exists()
+
+    resumed = run_torchrun([*args, f"hydra.run.dir={run_dir}"], tmp_path, data_dir)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert f": step {stopped}," in resumed.stdout + resumed.stderr
+    first, second = (json.loads((d / "metrics.json").read_text()) for d in (straight, run_dir))
+    assert first["steps"] == second["steps"] == 12 and first["val_loss"] == second["val_loss"]
+    a, b = (torch.load(d / "checkpoints" / "last.pt", weights_only=True)["model"] for d in (straight, run_dir))
+    assert all(torch.equal(a[key], b[key]) for key in a)

@@ -60,7 +60,7 @@ def test_encoded_jpegs_collate_as_a_list_and_decode_in_one_call(tmp_path) -> Non
 
 def test_a_batch_decode_failure_replaces_only_the_bad_file_and_reports_it(tmp_path) -> None:
     """One file the decoder rejects mid-stream: the rest of the batch decodes, the bad one is replaced and named."""
-    from imgtrain.data.datasets import build_shapes, train_transform
+    from imgtrain.data.datasets import build_shapes, eval_transform, train_transform
     from imgtrain.data.gpu_decode import JpegBatchDecoder
 
     bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, False, str(tmp_path), 20, 10, 0)
@@ -71,7 +71,9 @@ def test_a_batch_decode_failure_replaces_only_the_bad_file_and_reports_it(tmp_pa
     out = JpegBatchDecoder(train_transform(24))(batch, torch.device("cpu"))
     assert out.images.shape == (4, 3, 24, 24)
     assert out.labels.tolist() == [0, 2, 2, 3]  # the stand-in is the next readable image, with its label
-    assert len(out.skipped) == 1 and out.skipped[0].startswith(f"{paths[1]}: ")
+    assert len(out.skipped) == 1 and out.skipped[0][0] == paths[1]
+    dropped = JpegBatchDecoder(eval_transform(24), drop=True)(batch, torch.device("cpu"))  # validation
+    assert dropped.images.shape == (3, 3, 24, 24) and dropped.labels.tolist() == [0, 2, 3]
     assert batch.labels.tolist() == [0, 1, 2, 3]  # the loader's own tensor is left as it was
 
 

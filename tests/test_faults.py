@@ -77,10 +77,26 @@ def test_unreadable_images_are_replaced_and_reported(tmp_path) -> None:
         f.write(b"\xff\xd8 truncated jpeg")
     samples = GuardedSamples(bundle.train)
     image, label, skipped = samples[1]
-    assert skipped == (f"{broken}: " + skipped[0].split(": ", 1)[1],) and skipped[0].startswith(broken)
+    assert len(skipped) == 1 and skipped[0][0] == broken and skipped[0][1]  # (path, reason)
     assert torch.equal(image, samples[2][0]) and label == samples[2][1]  # the next readable sample
     batch = collate([samples[0], samples[1]])
     assert batch.images.shape[0] == 2 and batch.skipped == skipped
+
+
+def test_validation_drops_unreadable_images_instead_of_counting_a_neighbour_twice(tmp_path) -> None:
+    from imgtrain.data.datasets import build_shapes
+
+    bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, False, str(tmp_path), 20, 10, 0)
+    broken = bundle.val.path(1)
+    with open(broken, "wb") as f:
+        f.write(b"\xff\xd8 truncated jpeg")
+    samples = GuardedSamples(bundle.val, replace=False)
+    assert samples[1][0] is None and samples[1][2][0][0] == broken
+    batch = collate([samples[0], samples[1], samples[2]])
+    assert batch.images.shape[0] == 2 and batch.labels.tolist() == [samples[0][1], samples[2][1]]
+    assert batch.skipped == samples[1][2]
+    nothing = collate([samples[1]])  # a batch of only unreadable files: no images, no labels
+    assert nothing.images is None and nothing.labels.shape == (0,) and len(nothing.skipped) == 1
 
 
 def test_stop_signals_are_recorded_then_restored() -> None:
@@ -130,7 +146,7 @@ def test_nonfinite_skip_reads_the_loss_every_step_and_stop_waits_for_a_window() 
 def test_faults_act_only_on_what_the_window_agreed() -> None:
     faults = _faults(NonFinite.stop, budget=2)
     saves = []
-    faults.unreadable(("a.jpg: truncated", "b.jpg: truncated"))
+    faults.unreadable((("a.jpg", "truncated"), ("b.jpg", "truncated")))
     faults.act(lambda: saves.append(1) or "saved", "")  # nothing agreed yet: nothing happens
     assert saves == [] and faults.bad.count == 0
     faults.agree([faults.local(), [0.0, 1.0, -1.0]])  # this rank's two, and another rank's one

@@ -21,8 +21,7 @@ from helpers import FAST, RESUMABLE, compose_cfg, interrupt, read_metrics, run_t
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from imgtrain import checkpoint
-from imgtrain.checkpoint import Checkpointer
+from imgtrain.checkpoint import Checkpointer, checkpointer
 from imgtrain.data.datasets import EncodedFileDataset, decode_file, eval_transform, list_images
 from imgtrain.data.feed import CudaPrefetcher, ResidentLoader
 from imgtrain.data.gpu_decode import GpuJpegBatches, JpegBatchDecoder, decode_jpegs
@@ -220,7 +219,7 @@ def test_fp32_deterministic_resume_matches_the_uninterrupted_run(tmp_path: Path,
 def _capture_resumed_step(monkeypatch: pytest.MonkeyPatch) -> list:
     """Record the Step (optimizer, scaler) and the payload each resume restores."""
     seen = []
-    real_resume, real_locate = Checkpointer.resume, checkpoint.locate
+    real_resume, real_locate = Checkpointer.resume, checkpointer.locate
 
     def locate(*args):
         found = real_locate(*args)
@@ -233,7 +232,7 @@ def _capture_resumed_step(monkeypatch: pytest.MonkeyPatch) -> list:
         seen.extend([("step", step), ("scaler", step.scaler.state_dict())])  # before training goes on
         return progress
 
-    monkeypatch.setattr(checkpoint, "locate", locate)
+    monkeypatch.setattr(checkpointer, "locate", locate)  # the name Checkpointer.resume calls
     monkeypatch.setattr(Checkpointer, "resume", resume)
     return seen
 

@@ -7,10 +7,15 @@ baseline that several tests compare against is trained once per session.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +25,7 @@ from helpers import FAST, RESUMABLE, compose_cfg, interrupt, read_metrics, run_t
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from imgtrain import checkpoint
 from imgtrain.checkpoint import Checkpointer
 from imgtrain.errors import RunError
 from imgtrain.faults import Preempted
@@ -186,8 +192,15 @@ def test_unreadable_images_are_skipped_counted_and_budgeted(budget: int, tmp_pat
     ]
     run_dir = tmp_path / "run"
     if budget == 10:
-        assert _train(run_dir, *args)["skipped_samples"] == 4  # two files, read once per epoch
-        assert _steps(run_dir, "data/skipped_samples")[-1][1] == 4
+        bad_val = tmp_path / "images" / "val" / "class1" / "002.png"
+        bad_val.write_bytes(b"not an image either")
+        metrics = _train(run_dir, *args)
+        assert metrics["skipped_samples"] == 6  # reads: two training files in each of 2 epochs, one val file twice
+        assert _steps(run_dir, "data/skipped_samples")[-1][1] == 6
+        assert metrics["val_count"] == 11  # 12 validation images, each readable one counted once
+        assert metrics["unreadable_files_count"] == 3  # distinct files, with their reasons
+        listed = {entry["path"]: entry["reason"] for entry in metrics["unreadable_files"]}
+        assert set(listed) == {str(truncated), str(garbage), str(bad_val)} and all(listed.values())
         assert f"skipped an unreadable image: {garbage}" in caplog.text
     else:
         with pytest.raises(RunError, match="data.max_bad_samples=1 exceeded: 2 image reads failed"):
@@ -211,3 +224,87 @@ def test_rerunning_a_finished_run_keeps_its_results(tmp_path: Path, caplog: pyte
     _train(tmp_path, *FAST, "trainer.max_steps=4")
     assert "this run already finished at step 4" in caplog.text
     assert (tmp_path / "metrics.json").read_text() == before
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint_and_stops_resumably(
+    straight: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC in the background writer at the second save: one line, last.pt of the first save kept, and the
+    same command later resumes from it to the same weights as an uninterrupted run."""
+    real_save, calls = torch.save, []
+
+    def full_disk(obj, f, *args, **kwargs) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            f.write(b"PK\x03\x04 half")  # what had fitted on the disk
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunError) as caught:
+        _train(run_dir, *RESUMABLE)
+    message = str(caught.value)
+    assert "could not write the checkpoint of step 6" in message and "No space left on device" in message
+    assert f"The last good checkpoint is {run_dir / 'checkpoints' / 'last.pt'} (step 3)" in message
+    assert "\n" not in message and "run the same command again" in message
+    assert _ckpt(run_dir / "checkpoints" / "last.pt")["progress"]["step"] == 3
+    assert not list((run_dir / "checkpoints").glob(".*.tmp"))
+    monkeypatch.undo()
+    assert _train(run_dir, *RESUMABLE)["steps"] == 16  # space freed: the same command resumes
+    _same_weights(straight, run_dir)
+
+
+@pytest.mark.slow  # a training process killed, then a resume: the SIGTERM test above covers resume in make test
+def test_a_kill_during_a_background_write_leaves_a_loadable_checkpoint_and_resume_is_exact(
+    straight: Path, tmp_path: Path, data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGKILL while the writer thread holds the step-6 save between write and rename, with training gone on
+    past it: last.pt is step 3's; the next run takes over the dead run's lock and ends as the straight run."""
+    run_dir = tmp_path / "run"
+    script = textwrap.dedent(
+        f"""
+        import os, threading, time
+        from helpers import RESUMABLE, compose_cfg
+        from imgtrain.run import run
+        real_fsync = os.fsync
+
+        def held_fsync(fd):
+            name = os.readlink(f"/proc/self/fd/{{fd}}")
+            if threading.current_thread().name.startswith("checkpoint-writer") and ".last.pt." in name:
+                if os.path.exists({str(run_dir / "checkpoints" / "last.pt")!r}):
+                    time.sleep(600)  # the second save: written, not yet fsynced nor renamed
+            return real_fsync(fd)
+
+        os.fsync = held_fsync
+        run(compose_cfg(*RESUMABLE, output_dir={str(run_dir)!r}))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "IMGTRAIN_DATA_DIR": str(data_dir)}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    log_file = run_dir / "checkpoints"
+    while not (list(log_file.glob(".last.pt.*.tmp")) and _validated(run_dir)):
+        assert proc.poll() is None and time.monotonic() < deadline, "the held save or validation never came"
+        time.sleep(0.1)
+    proc.kill()  # SIGKILL: no handler runs
+    proc.communicate(timeout=60)
+    assert checkpoint.load(run_dir / "checkpoints" / "last.pt")["progress"]["step"] == 3
+
+    caplog.set_level(logging.INFO)
+    assert _train(run_dir, *RESUMABLE)["steps"] == 16
+    assert f"process {proc.pid} is no longer running" in caplog.text  # the dead run's lock, taken over
+    assert f"resuming from {run_dir / 'checkpoints' / 'last.pt'}: step 3" in caplog.text
+    _same_weights(straight, run_dir)
+
+
+def _validated(run_dir: Path) -> bool:
+    """Whether the first epoch's validation ran (training went on while the save was held)."""
+    events = list((run_dir / "tb").glob("events.*"))
+    return bool(events) and _has_tag(run_dir, "val/acc")
+
+
+def _has_tag(run_dir: Path, tag: str) -> bool:
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    return tag in events.Tags().get("scalars", [])

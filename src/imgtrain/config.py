@@ -250,6 +250,9 @@ def _resume(value: str) -> str | None:
     return "expected auto, none or the path of an existing checkpoint file"
 
 
+_MINUTES = "expected minutes > 0, or null (save at every epoch end instead)"
+
+
 @dataclass
 class TrainerConfig:
     epochs: int = _checked(5, at_least(1))
@@ -269,7 +272,11 @@ class TrainerConfig:
     dist_timeout_s: float = _checked(600.0, lambda v: None if v > 0 else "expected seconds > 0")  # collectives
     resume: str = _checked(AUTO, _resume)  # auto: the run directory's checkpoints/last.pt, if any; none; a path
     save_checkpoints: bool = True  # last.pt, last.prev.pt and best.pt under <run dir>/checkpoints (mode=train)
-    ckpt_every_n_steps: int = _checked(200, at_least(0, note="0 = epoch ends"))  # also at epoch ends
+    # last.pt every this many minutes of wall time (rank 0's clock, checked at log windows), written in the
+    # background; epoch ends save on the same clock (null: at every epoch end). Also saved: when validation
+    # improves (best.pt), at the end of the run and on a stop signal.
+    ckpt_every_min: float | None = _checked(10.0, lambda v: None if v is None or v > 0 else _MINUTES)
+    ckpt_every_n_steps: int = _checked(0, at_least(0, note="0 = off"))  # also every this many steps
     nonfinite: NonFinite = NonFinite.stop  # a NaN/inf loss: stop, or skip the step (counted)
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
+from typing import Any
 
 import psutil
 import torch
@@ -213,6 +214,15 @@ def all_gather_host(values: list[float]) -> list[list[float]]:
     rows = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(rows, tensor, group=_host_group)
     return [row.tolist() for row in rows]
+
+
+def all_gather_objects(value: Any) -> list[Any]:
+    """Every rank's picklable `value` (one collective, for rare events); a one-item list for a single process."""
+    if not dist.is_initialized():
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:

@@ -80,13 +80,15 @@ class BadSampleBudget:
     def __init__(self, limit: int | None, count: int = 0) -> None:
         self.limit, self.count = limit, count
         self.examples: list[str] = []
+        self.new_files: dict[str, str] = {}  # this rank's unreadable files not yet merged: path -> reason
 
-    def report(self, skipped: tuple[str, ...]) -> None:
+    def report(self, skipped: tuple[tuple[str, str], ...]) -> None:
         """Log this rank's unreadable images, with their paths."""
-        for reason in skipped:
-            log.warning("skipped an unreadable image: %s", reason)
+        for path, reason in skipped:
+            log.warning("skipped an unreadable image: %s: %s", path, reason)
+            self.new_files.setdefault(path, reason)
             if len(self.examples) < 3:
-                self.examples.append(reason)
+                self.examples.append(f"{path}: {reason}")
 
     @property
     def exceeded(self) -> bool:
@@ -139,7 +141,7 @@ class Faults:
         log.warning("non-finite loss at step %d: step skipped (%d so far)", step, self.progress.nonfinite_steps)
         return False
 
-    def unreadable(self, skipped: tuple[str, ...]) -> None:
+    def unreadable(self, skipped: tuple[tuple[str, str], ...]) -> None:
         """Unreadable files replaced in a batch of this rank: logged by path, counted at the next window."""
         self.bad.report(skipped)
         self.unreported += len(skipped)
@@ -194,6 +196,20 @@ class Faults:
             f"trainer.nonfinite=stop. {last_checkpoint} Lower optim.lr, try trainer.precision=fp32, or set "
             "trainer.nonfinite=skip"
         )
+
+    def merge_unreadable(self) -> None:
+        """Every rank's distinct unreadable files into `progress.unreadable_files` (before a save and at the end
+        of the run). Under DDP one object exchange, and only once an unreadable read has been agreed on."""
+        if self.alone:
+            rows = [self.bad.new_files]
+        elif self.bad.count:
+            rows = dist.all_gather_objects(self.bad.new_files)
+        else:
+            return
+        for row in rows:
+            for path, reason in row.items():
+                self.progress.unreadable_files.setdefault(path, reason)
+        self.bad.new_files = {}
 
     def count_unreadable(self, count: int, last_checkpoint: str) -> None:
         """Unreadable images already summed over ranks (validation): counted, and stop once over budget."""

@@ -70,7 +70,7 @@ class EpochBatches:
         data: DataConfig,
         limit: float,
         *,
-        on_unreadable: Callable[[tuple[str, ...]], None],
+        on_unreadable: Callable[[tuple[tuple[str, str], ...]], None],
         on_wait: Callable[[float], None] | None = None,
         split: str = "train",
     ) -> None:
@@ -102,7 +102,8 @@ class EpochBatches:
             self.taken += 1
             self.unreadable += len(batch.skipped)
             self.on_unreadable(batch.skipped)
-            yield self.feed.to_model(batch)
+            if batch.labels.shape[0]:  # validation drops unreadable images: a batch of them all has none left
+                yield self.feed.to_model(batch)
 
 
 @dataclass
@@ -164,11 +165,12 @@ def fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mo
 
 
 def _end_epoch(model: nn.Module, data: RunData, step: Step, parts: Components, *, epochs: int, completed: bool):
-    """Validate, log, and write last.pt (and best.pt when accuracy improved). An epoch cut short by
-    trainer.max_steps keeps its position, so a longer run continues from there."""
+    """Validate, log, and save (always at the end of the run; best.pt when accuracy improved). An epoch cut
+    short by trainer.max_steps keeps its position, so a longer run continues from there."""
     progress = parts.progress
     progress.val = evaluate(model, data, step, parts.faults, parts.checkpointer.last_checkpoint())
-    parts.metrics.log({"val/loss": progress.val["val_loss"], "val/acc": progress.val["val_acc"]}, progress.step)
+    val = {"val/loss": progress.val["val_loss"], "val/acc": progress.val["val_acc"]}
+    parts.metrics.log({**val, "data/skipped_samples": progress.skipped_samples}, progress.step)  # with val's
     improved = progress.best_val_acc is None or progress.val["val_acc"] > progress.best_val_acc
     if improved:
         progress.best_val_acc = progress.val["val_acc"]
@@ -178,4 +180,4 @@ def _end_epoch(model: nn.Module, data: RunData, step: Step, parts: Components, *
     )
     if completed:
         progress.end_epoch()
-    parts.checkpointer.end_epoch(improved)
+    parts.checkpointer.end_epoch(improved, last=progress.step >= parts.checkpointer.total_steps)

@@ -18,7 +18,7 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from imgtrain import dist
+from imgtrain import dist, rundir
 from imgtrain.checkpoint import Checkpointer, Progress
 from imgtrain.cli import one_line
 from imgtrain.config import Config, validate
@@ -88,8 +88,15 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 
 def _train(settings: Config, info: dist.DistInfo, device: torch.device, precision: str) -> dict:
     started = time.perf_counter()
-    trainer = settings.trainer
     out_dir = Path(dist.broadcast_object(settings.output_dir, info))  # rank 0's run directory, on every rank
+    with rundir.hold(out_dir, info):  # one writer per run directory: another run there stops here, with one line
+        return _train_locked(settings, info, device, precision, out_dir, started)
+
+
+def _train_locked(
+    settings: Config, info: dist.DistInfo, device: torch.device, precision: str, out_dir: Path, started: float
+) -> dict:
+    trainer = settings.trainer
     seed_everything(trainer.seed, trainer.deterministic)
     memory_format = memory_format_for(trainer.channels_last, device)
     data = build_data(settings, info, device, memory_format, out_dir)
@@ -111,8 +118,9 @@ def _train(settings: Config, info: dist.DistInfo, device: torch.device, precisio
     if progress.step >= total_steps and finished.exists():
         log.info("this run already finished at step %d: %s is kept as it is", progress.step, finished)
         return json.loads(finished.read_text())
-    metrics = Metrics(settings, device, info, out_dir, faults)
-    with faults, metrics.running(progress.step, total_steps, lr=lambda: step.scheduler.get_last_lr()[0]):
+    metrics = Metrics(settings, device, info, out_dir, faults, also_agreeing=[checkpointer])
+    lr = lambda: step.scheduler.get_last_lr()[0]  # noqa: E731
+    with faults, checkpointer.writing(), metrics.running(progress.step, total_steps, lr=lr):
         fit(model, data, step, Components(faults, metrics, checkpointer, progress), settings.mode, epochs)
     summary = metrics.summary(progress, precision, data.loader_args, wall_time_s=time.perf_counter() - started)
     metrics.finish(summary, finished)

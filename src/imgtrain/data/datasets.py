@@ -37,7 +37,11 @@ LAYOUT_HINT = "expected root/<class>/*.jpg or root/train/<class>/ and root/val/<
 
 
 class CorruptSampleError(Exception):
-    """An image file that cannot be read or decoded; the message starts with its path."""
+    """An image file that cannot be read or decoded: its path and why; the message is "path: reason"."""
+
+    def __init__(self, path: str, reason: str = "") -> None:  # one argument: how DataLoader re-raises it
+        super().__init__(f"{path}: {reason}" if reason else path)
+        self.path, self.reason = path, reason
 
 
 @dataclass
@@ -109,7 +113,7 @@ class ImageFileDataset(Dataset):
             raw = decode_file(path)
         except (OSError, RuntimeError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise CorruptSampleError(f"{path}: {reason}") from None
+            raise CorruptSampleError(path, reason) from None
         return self.transform(raw).contiguous(), int(self.labels[index])
 
 
@@ -123,10 +127,10 @@ class EncodedFileDataset(ImageFileDataset):
             with open(path, "rb") as f:
                 raw = bytearray(f.read())
         except OSError as error:
-            raise CorruptSampleError(f"{path}: {error.strerror or error}") from None
+            raise CorruptSampleError(path, str(error.strerror or error)) from None
         problem = jpeg_problem(raw)
         if problem:
-            raise CorruptSampleError(f"{path}: {problem}")
+            raise CorruptSampleError(path, problem)
         return EncodedJpeg(torch.frombuffer(raw, dtype=torch.uint8), path), int(self.labels[index])
 
 

@@ -74,7 +74,8 @@ class Feed:
         """A loader's batches, through GPU JPEG decoding in a thread (dataset.decode=cuda) or, on CUDA with
         pinned memory, the CUDA prefetch stream. Whatever `next()` waits for counts as data wait."""
         if self.decode_transforms is not None:
-            with GpuJpegBatches(loader_batches, self.decode_transforms[split], self.device) as decoded:
+            transform = self.decode_transforms[split]
+            with GpuJpegBatches(loader_batches, transform, self.device, drop=split == "val") as decoded:
                 yield decoded
         elif self.prefetch and split == "train":
             yield CudaPrefetcher(loader_batches, self.device)

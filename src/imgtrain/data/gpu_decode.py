@@ -34,10 +34,12 @@ class GpuJpegBatches:
 
     _END = object()
 
-    def __init__(self, batches: Iterator[Batch], transform: Any, device: torch.device, depth: int = 2) -> None:
+    def __init__(
+        self, batches: Iterator[Batch], transform: Any, device: torch.device, depth: int = 2, drop: bool = False
+    ) -> None:
         self.inner = batches
         self.device = device
-        self.decoder = JpegBatchDecoder(transform)
+        self.decoder = JpegBatchDecoder(transform, drop=drop)
         self.ready: queue.Queue = queue.Queue(maxsize=depth)
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._decode_all, name="gpu-jpeg-decode", daemon=True)
@@ -125,11 +127,13 @@ def _fenced_decode(encoded: list[torch.Tensor], device: torch.device) -> list[to
 class JpegBatchDecoder:
     """Decode a Batch of undecoded JPEGs and apply the split's transform, batched where the transform allows.
 
-    Files that fail to decode are replaced by another image of the same batch (and its label) and reported
-    in `skipped`, as GuardedSamples does for the CPU path, so they count against data.max_bad_samples.
+    Files that fail to decode are replaced by another image of the same batch (and its label), or with `drop`
+    (validation) left out, and reported in `skipped`, as GuardedSamples does for the CPU path, so they count
+    against data.max_bad_samples.
     """
 
-    def __init__(self, transform: Any) -> None:
+    def __init__(self, transform: Any, drop: bool = False) -> None:
+        self.drop = drop
         steps = list(transform.transforms) if isinstance(transform, v2.Compose) else [transform]
         self.flip_p = steps.pop().p if steps and isinstance(steps[-1], v2.RandomHorizontalFlip) else 0.0
         self.per_image = v2.Compose(steps)
@@ -143,21 +147,25 @@ class JpegBatchDecoder:
         self.random_crop = only if isinstance(only, v2.RandomResizedCrop) and bilinear else None
 
     def __call__(self, batch: Batch, device: torch.device) -> Batch:
-        decoded = decode_jpegs(batch.images, device)
+        decoded = decode_jpegs(batch.images, device) if batch.images else []
         good = [i for i, image in enumerate(decoded) if isinstance(image, torch.Tensor)]
-        if not good:
+        labels, skipped = batch.labels, list(batch.skipped)
+        skipped += [(batch.sources[i], image) for i, image in enumerate(decoded) if isinstance(image, str)]
+        if self.drop and len(good) < len(decoded):
+            decoded, labels = [decoded[i] for i in good], labels[good]
+        elif not good and decoded:
             raise RunError(
                 f"no image of a batch of {len(decoded)} could be decoded on the GPU (e.g. {batch.sources[0]}: "
                 f"{decoded[0]}): check the files, or use dataset.decode=cpu"
             )
-        labels, skipped = batch.labels, list(batch.skipped)
-        if len(good) < len(decoded):
+        elif len(good) < len(decoded):
             labels = labels.clone()
             for i, image in enumerate(decoded):
                 if isinstance(image, str):
-                    skipped.append(f"{batch.sources[i]}: {image}")
                     stand_in = next((j for j in good if j > i), good[0])
                     decoded[i], labels[i] = decoded[stand_in], labels[stand_in]
+        if not decoded:
+            return Batch(None, labels, tuple(skipped))
         images = self._transform(decoded)
         if self.flip_p:
             flip = torch.rand(images.shape[0], device=images.device) < self.flip_p

@@ -171,56 +171,65 @@ def _worker_only_settings(data: DataConfig) -> list[str]:
 
 
 class Batch(NamedTuple):
-    """What the loaders yield: uint8 images [B, 3, H, W], labels [B], and the unreadable files replaced.
+    """What the loaders yield: uint8 images [B, 3, H, W], labels [B], and the unreadable files replaced (training)
+    or dropped (validation: then B may be smaller than the batch size, even 0, with `images` None).
 
     With dataset.decode=cuda, `images` is a list of undecoded JPEGs (1-d uint8 tensors) and `sources` their paths.
     """
 
     images: Any
     labels: torch.Tensor
-    skipped: tuple[str, ...] = ()
+    skipped: tuple[tuple[str, str], ...] = ()  # (path, reason) of each unreadable file replaced or dropped
     sources: tuple[str, ...] = ()
 
 
-def collate(items: list[tuple[Any, int, tuple[str, ...]]]) -> Batch:
+def collate(items: list[tuple[Any, int, tuple[tuple[str, str], ...]]]) -> Batch:
     """default_collate for images and labels (it stacks into shared memory inside a worker), plus the skips.
 
-    Undecoded files (EncodedJpeg, dataset.decode=cuda) stay a list of byte tensors, with their paths.
+    Undecoded files (EncodedJpeg, dataset.decode=cuda) stay a list of byte tensors, with their paths. Items
+    GuardedSamples dropped (image None) are left out.
     """
-    skipped = tuple(reason for *_, reason_list in items for reason in reason_list)
-    if isinstance(items[0][0], EncodedJpeg):
-        labels = torch.tensor([label for _, label, _ in items])
-        return Batch([e.data for e, _, _ in items], labels, skipped, tuple(e.path for e, _, _ in items))
-    images, labels = default_collate([(image, label) for image, label, _ in items])
+    skipped = tuple(record for *_, records in items for record in records)
+    kept = [(image, label) for image, label, _ in items if image is not None]
+    if not kept:
+        return Batch(None, torch.empty(0, dtype=torch.long), skipped)
+    if isinstance(kept[0][0], EncodedJpeg):
+        labels = torch.tensor([label for _, label in kept])
+        return Batch([e.data for e, _ in kept], labels, skipped, tuple(e.path for e, _ in kept))
+    images, labels = default_collate(kept)
     return Batch(images, labels, skipped)
 
 
 class GuardedSamples(Dataset):
-    """Wraps a dataset: seeds augmentation per sample, and replaces an unreadable image with the next readable one.
+    """Wraps a dataset: seeds augmentation per sample, and handles an unreadable image.
 
-    Replacing (rather than dropping) keeps every batch the same shape, which BatchNorm, DDP and torch.compile
-    prefer; the replaced file is reported with the batch and counted against data.max_bad_samples.
+    Training (`replace`) takes the next readable image instead: every batch keeps its shape, which
+    BatchNorm, DDP and torch.compile prefer. Validation drops it (image None), so no image is counted twice
+    in val_acc. Either way the file is reported with the batch and counted against data.max_bad_samples.
     """
 
     MAX_IN_A_ROW = 16  # more consecutive unreadable files than this is a broken dataset, not a bad file
 
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
+    def __init__(self, dataset: Dataset, replace: bool = True) -> None:
+        self.dataset, self.replace = dataset, replace
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, int, tuple[str, ...]]:
+    def __getitem__(self, item: int | tuple[int, int]) -> tuple[Any, int, tuple[tuple[str, str], ...]]:
         index, seed = item if isinstance(item, tuple) else (item, None)
-        skipped: list[str] = []
+        skipped: list[tuple[str, str]] = []
         for _ in range(self.MAX_IN_A_ROW):
             try:
                 image, label = self._load(index, seed)
                 return image, label, tuple(skipped)
             except CorruptSampleError as error:
-                skipped.append(str(error))
+                skipped.append((error.path, error.reason))
+                if not self.replace:
+                    return None, -1, tuple(skipped)
                 index = (index + 1) % len(self.dataset)
-        raise CorruptSampleError(f"{self.MAX_IN_A_ROW} unreadable images in a row, the last one {skipped[-1]}")
+        path, reason = skipped[-1]
+        raise CorruptSampleError(path, f"{reason} ({self.MAX_IN_A_ROW} unreadable images in a row)")
 
     def _load(self, index: int, seed: int | None) -> tuple[torch.Tensor, int]:
         if seed is None:
@@ -307,4 +316,4 @@ def build_loader(
         kwargs["sampler"] = train_sampler(len(dataset), plan, seed=seed, rank=rank, world_size=world_size)
     elif world_size > 1:
         kwargs["sampler"] = ShardSampler(len(dataset), rank, world_size)
-    return DataLoader(GuardedSamples(dataset), generator=generator, collate_fn=collate, **kwargs)
+    return DataLoader(GuardedSamples(dataset, replace=train), generator=generator, collate_fn=collate, **kwargs)

@@ -3,15 +3,16 @@
 It owns the step windows, the resource monitor, TensorBoard, the progress bar and the end-of-run summary, and
 reduces across ranks in one place. The loop hands it each step's loss on the device; it reads numbers back
 only every `trainer.log_every_n_steps` steps, where one sync and one small CPU exchange happen. The fault
-handler's numbers (stop signal, unreadable files, first NaN step) travel with that exchange.
+handler's numbers (stop signal, unreadable files, first NaN step) and the checkpointer's (its clock, a failed
+write) travel with that exchange.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torchvision
@@ -25,6 +26,7 @@ from imgtrain.metrics.monitor import ResourceMonitor
 from imgtrain.metrics.tensorboard import MetricsLogger, hparam_metrics, hparams
 from imgtrain.metrics.windows import StepMeter
 
+UNREADABLE_LISTED = 100  # distinct unreadable files listed in metrics.json (all are counted)
 PERF_VALUES = 4  # images/s, data-wait share, step time (ms), GPU utilisation: each rank's, per exchange
 
 
@@ -42,12 +44,30 @@ def across_ranks(perf: list[float], extra: list[float] = ()) -> tuple[dict[str, 
     return merged, [row[PERF_VALUES:] for row in rows]
 
 
+class Agreeing(Protocol):
+    """A component whose numbers every rank must agree on: sent with each window's exchange."""
+
+    def local(self) -> list[float]: ...
+
+    def agree(self, rows: list[list[float]]) -> None: ...
+
+
 class Metrics:
     """Windows, monitor, TensorBoard (rank 0), progress bar and summary for one run."""
 
-    def __init__(self, settings: Config, device: torch.device, info: dist.DistInfo, out_dir: Path, faults: Faults):
+    def __init__(
+        self,
+        settings: Config,
+        device: torch.device,
+        info: dist.DistInfo,
+        out_dir: Path,
+        faults: Faults,
+        also_agreeing: Sequence[Agreeing] = (),
+    ):
         trainer = settings.trainer
         self.settings, self.device, self.info, self.faults = settings, device, info, faults
+        self.parties: list[Agreeing] = [faults, *also_agreeing]  # what the window's exchange carries
+        self.merged: dict[str, Any] = {}
         self.log_every, self.warmup_steps = trainer.log_every_n_steps, trainer.warmup_steps
         self.losses = settings.mode != Mode.loader  # mode=loader's stand-in model has no loss worth showing
         self.meter = StepMeter(trainer.warmup_steps)
@@ -122,8 +142,8 @@ class Metrics:
         if window is not None and not steady:
             self.monitor.reset_summary()  # a warm-up window just ended: resource means cover the steady state only
         perf = [window.images_per_sec, window.data_wait_frac, window.step_time_ms] if steady else [0.0] * 3
-        merged, fault_rows = across_ranks([*perf, values.get("gpu/util_pct", -1.0)], self.faults.local())
-        self.faults.agree(fault_rows)
+        self._exchange([*perf, values.get("gpu/util_pct", -1.0)])  # the window's one exchange, and its agreements
+        merged = self.merged
         values["data/skipped_samples"] = self.faults.progress.skipped_samples
         if self.faults.progress.nonfinite_steps:
             values["train/nonfinite_steps"] = self.faults.progress.nonfinite_steps
@@ -139,9 +159,20 @@ class Metrics:
         self.sums.zero_()
         self.meter.start_window()
 
+    def _exchange(self, perf: list[float]) -> None:
+        """One CPU exchange: every rank's perf figures and each party's `local()` values; each party then
+        `agree`s on every rank's values (faults: stop signal, unreadable files, NaN; checkpointer: the clock)."""
+        local = [party.local() for party in self.parties]
+        self.merged, rows = across_ranks(perf, [value for values in local for value in values])
+        start = 0
+        for party, values in zip(self.parties, local, strict=True):
+            party.agree([row[start : start + len(values)] for row in rows])
+            start += len(values)
+
     # ------------------------------------------------------------------ the end of the run
     def summary(self, progress: Any, precision: str, loader_args: dict, wall_time_s: float) -> dict[str, Any]:
         """The run's final figures, reduced over ranks (every rank must call it)."""
+        self.faults.merge_unreadable()
         perf, resources = self.meter.summary(), self.monitor.summary()
         measured = perf["images_per_sec"] is not None
         util = resources.get("gpu_util_mean")
@@ -173,7 +204,12 @@ class Metrics:
             "val_count": val.get("val_count"),
             "best_val_acc": progress.best_val_acc,
             "steps": progress.step,
-            "skipped_samples": progress.skipped_samples,
+            "skipped_samples": progress.skipped_samples,  # unreadable reads: a file read in 3 epochs counts 3 times
+            "unreadable_files_count": len(progress.unreadable_files),  # distinct files
+            "unreadable_files": [
+                {"path": path, "reason": reason}
+                for path, reason in list(progress.unreadable_files.items())[:UNREADABLE_LISTED]
+            ],
             "nonfinite_steps": progress.nonfinite_steps,
             "wall_time_s": wall_time_s,
             "loader": loader_args["train"],

@@ -1,0 +1,233 @@
+"""The run's checkpointer: when to save, saving without stalling the loop, and resuming.
+
+When: every `trainer.ckpt_every_min` minutes of wall time (rank 0's clock, agreed at a logging window so every
+rank saves at the same step), every `trainer.ckpt_every_n_steps` steps if set, at an epoch end when the clock
+says so or validation improved (best.pt), at the end of the run, and at once on a stop signal.
+How: the training thread copies the state to host memory (`HostSnapshot`) and goes on; `AsyncWriter` writes,
+verifies and renames it in the background. Only rank 0 writes; the other ranks never wait for a periodic save.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from torch import nn
+
+from imgtrain import dist
+from imgtrain.checkpoint.files import DIRNAME, FORMAT, FORMAT_VERSION, CheckpointStore, locate
+from imgtrain.checkpoint.files import load as load_checkpoint
+from imgtrain.checkpoint.state import HostSnapshot, Progress, capture_rng, progress_dict, progress_from, restore_rng
+from imgtrain.checkpoint.writer import AsyncWriter
+from imgtrain.config import Config, Mode
+from imgtrain.errors import ConfigError, RunError
+from imgtrain.faults import Faults
+from imgtrain.optim import Step
+
+log = logging.getLogger(__name__)
+
+
+class Checkpointer:
+    """A run's checkpoints: resume, timed, periodic and epoch-end saves, best.pt, and acting on agreed faults.
+
+    Every rank calls the same methods at the same steps, so all agree on where the last checkpoint is.
+    """
+
+    def __init__(self, settings: Config, out_dir: Path, info: dist.DistInfo, faults: Faults) -> None:
+        trainer = settings.trainer
+        self.settings, self.info, self.faults = settings, info, faults
+        self.writes = settings.mode == Mode.train and trainer.save_checkpoints  # ceilings: speed only
+        self.store = CheckpointStore(out_dir / DIRNAME, enabled=self.writes and info.is_main)
+        self.every_steps = trainer.ckpt_every_n_steps
+        self.every_s = None if trainer.ckpt_every_min is None else trainer.ckpt_every_min * 60.0
+        self.last_save = time.monotonic()  # the clock starts with the run
+        self.due = False  # agreed at a window: rank 0's clock has run out
+        self.failed = False  # agreed at a window: rank 0's last write failed
+        self.written_step: int | None = None  # the step of the newest checkpoint known to be on disk
+        self.snapshot, self.writer = HostSnapshot(), AsyncWriter()
+        self.model: nn.Module | None = None
+        self.step_state: Step | None = None
+        self.progress = faults.progress
+        self.total_steps = 0
+
+    def attach(self, model: nn.Module, step: Step, total_steps: int) -> None:
+        """What the checkpoints hold: the underlying model (not its DDP or compiled wrapper) and the Step."""
+        self.model, self.step_state, self.total_steps = model, step, total_steps
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[Checkpointer]:
+        """Training with background writes: on the way out, whatever the reason, the write in flight finishes."""
+        try:
+            yield self
+        finally:
+            self.writer.close()
+        if self.writer.failure is not None:  # the last save failed after the run had otherwise finished
+            raise self._write_failure()
+
+    # ------------------------------------------------------------------ the logging window's exchange
+    def local(self) -> list[float]:
+        """Rank 0's clock and write outcome, for the window's exchange (the other ranks send zeros)."""
+        clock = self.every_s is not None and self.store.enabled and time.monotonic() - self.last_save >= self.every_s
+        return [float(clock), float(self.store.enabled and self.writer.failed)]
+
+    def agree(self, rows: list[list[float]]) -> None:
+        self.due = self.due or any(row[0] for row in rows)
+        self.failed = any(row[1] for row in rows)
+
+    # ------------------------------------------------------------------ the loop's calls
+    def step(self, progress: Progress) -> None:
+        """After every step: act on faults agreed at a window; save when the clock or the step interval says."""
+        self.faults.act(self.save_and_wait, self.last_checkpoint())
+        if self.failed:
+            raise self._write_failure()
+        interval = self.every_steps and progress.step % self.every_steps == 0
+        if (interval or self.due) and progress.step < self.total_steps:
+            self.save()
+
+    def end_epoch(self, improved: bool, last: bool) -> None:
+        """At an epoch end: save when validation improved (best.pt too), when the clock says (every epoch with
+        trainer.ckpt_every_min=null), and at the end of the run, where every rank waits for the write."""
+        if last:
+            self.save_and_wait(best=improved)
+        elif improved or self.due or self.every_s is None:
+            self.save(best=improved)
+
+    def save(self, best: bool = False, wait: bool = False) -> str:
+        """Start writing last.pt (rank 0), never with weights a NaN loss has reached; a sentence saying where."""
+        self.faults.before_save(self.last_checkpoint())
+        self.faults.merge_unreadable()  # every rank's distinct unreadable files, into the saved progress
+        self.due, self.last_save = False, time.monotonic()
+        if not self.writes:
+            return "Checkpoints are off (trainer.save_checkpoints=false or mode is not train)."
+        if self.store.enabled:
+            self._start_write(best, wait)
+        return f"The last checkpoint is {self.store.last} (step {self.progress.step})."
+
+    def save_and_wait(self, best: bool = False) -> str:
+        """Save and wait until it is on disk; every rank learns the outcome from rank 0 (so torchrun does not
+        kill rank 0 mid-write, and a failed write stops every rank with the same line)."""
+        where = self.save(best=best, wait=True)
+        failure = str(self._write_failure()) if self.store.enabled and self.writer.failure is not None else None
+        failure = dist.broadcast_object(failure, self.info)
+        if failure:
+            raise RunError(failure)
+        return where
+
+    def _start_write(self, best: bool, wait: bool) -> None:
+        step = self.progress.step
+        if self.writer.busy and not (wait or best):
+            log.info(
+                "checkpoint of step %d skipped: the one of step %d is still being written",
+                *(step, self.writer.pending_step),
+            )
+            return
+        if self.writer.busy:
+            previous = self.writer.pending_step
+            waited = self.writer.wait()
+            log.info("waited %.2f s for the checkpoint of step %d before saving step %d", waited, previous, step)
+        if self.writer.failed:
+            return  # the run stops with that failure (now if waiting, else at the next window), keeping last.pt
+        started = time.perf_counter()
+        payload = self.snapshot.take(self._payload())  # queued copies to host memory; training goes on
+        copied_s = time.perf_counter() - started  # what the training thread spends on this save
+
+        def write() -> None:
+            started = time.perf_counter()
+            self.snapshot.ready()
+            self.store.save(payload, best=best)
+            self.written_step = step
+            log.info(
+                "checkpoint of step %d: %.3f s on the training thread, then written in %.2f s in the background",
+                *(step, copied_s, time.perf_counter() - started),
+            )
+
+        self.writer.submit(write, step)
+        if wait:
+            self.writer.wait()
+
+    def _payload(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "model": self.model.state_dict(),
+            **self.step_state.state_dict(),
+            "progress": progress_dict(self.progress),
+            "rng": capture_rng(),
+            "global_batch": self.settings.data.batch_size * self.info.world_size,
+            "config": OmegaConf.to_yaml(self.settings),
+        }
+
+    def _write_failure(self) -> RunError:
+        """One line for a failed write (ENOSPC, EIO, a file that does not verify): what is kept, what to do."""
+        error = self.writer.failure
+        if error is None:  # another rank: rank 0's log has the reason
+            return RunError(f"rank 0 could not write a checkpoint (its log says why). {self.last_checkpoint()}")
+        reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0] or type(error).__name__
+        return RunError(
+            f"could not write the checkpoint of step {self.writer.failed_step} to {self.store.last} ({reason}); "
+            f"the run stopped. {self.last_checkpoint()} Free space or fix the disk, then run the same command "
+            "again to resume from it"
+        )
+
+    def last_checkpoint(self) -> str:
+        last = self.store.last
+        if not last.exists():
+            return "No checkpoint had been written yet."
+        known = f" (step {self.written_step})" if self.written_step is not None else ""
+        return f"The last good checkpoint is {last}{known}."
+
+    # ------------------------------------------------------------------ resume
+    def resume(self) -> Progress:
+        """Load what `trainer.resume` points at (rank 0 chooses the file, every rank reads it); else start fresh."""
+        if self.settings.mode != Mode.train:
+            return self.progress
+        found, problem = None, None
+        if self.info.is_main:
+            try:
+                found = locate(self.settings.trainer.resume, self.store)
+            except (ConfigError, RunError) as error:
+                problem = error
+        chosen = dist.broadcast_object(
+            ("error", str(problem)) if problem else str(found[0]) if found else None, self.info
+        )
+        if isinstance(chosen, tuple):  # every rank stops with rank 0's message, none waits for the others
+            raise problem if problem else RunError(chosen[1])
+        if chosen is None:
+            return self.progress
+        payload = found[1] if self.info.is_main else load_checkpoint(Path(chosen))
+        self._restore(payload, chosen)
+        if Path(chosen) == self.store.last:
+            self.written_step = self.progress.step
+        return self.progress
+
+    def _restore(self, payload: dict[str, Any], chosen: str) -> None:
+        try:
+            self.model.load_state_dict(payload["model"])
+            self.step_state.load_state_dict(payload)
+        except (RuntimeError, ValueError, KeyError) as error:  # another model, optimizer or number of classes
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise RunError(
+                f"the checkpoint {chosen} does not fit this run's model or optimizer ({first}): resume with the "
+                "settings it was trained with, or pass trainer.resume=none (or a new hydra.run.dir) to start over"
+            ) from None
+        restore_rng(payload["rng"])
+        saved = progress_from(payload)
+        for key, value in progress_dict(saved).items():  # the same object the loop and faults already hold
+            setattr(self.progress, key, value)
+        self.faults.bad.count = self.progress.skipped_samples
+        global_batch = self.settings.data.batch_size * self.info.world_size
+        if payload["global_batch"] != global_batch:
+            log.warning(
+                "the checkpoint was trained with a global batch of %d, this run uses %d: the epoch resumes at the "
+                "same sample, and the step count and LR schedule follow the new setting",
+                *(payload["global_batch"], global_batch),
+            )
+        log.info(
+            "resuming from %s: step %d, epoch %d, %d samples into the epoch",
+            *(chosen, self.progress.step, self.progress.epoch + 1, self.progress.samples_in_epoch),
+        )
