@@ -47,6 +47,16 @@ def test_max_steps_stops_mid_epoch_and_validates_all(tmp_path: Path) -> None:
     assert metrics["val_count"] == 40
 
 
+def test_a_run_too_short_to_measure_says_why(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    _, metrics = _run(tmp_path, "trainer.max_steps=3", "trainer.warmup_steps=5")
+    assert metrics["images_per_sec"] is None
+    note = metrics["images_per_sec_note"]
+    assert "all 3 steps of this run were warm-up steps (trainer.warmup_steps=5)" in note and "max_steps" in note
+    assert f"images/s (steady state)      {note}" in capsys.readouterr().out
+    _, measured = _run(tmp_path / "longer", "trainer.max_steps=6")
+    assert measured["images_per_sec"] > 0 and measured["images_per_sec_note"] is None
+
+
 def test_optimized_metric_is_returned(tmp_path: Path) -> None:
     value, metrics = _run(tmp_path, "trainer.max_steps=6", "optimized_metric=images_per_sec")
     assert value == pytest.approx(metrics["images_per_sec"]) and value > 0

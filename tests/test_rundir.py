@@ -64,6 +64,7 @@ def test_a_second_run_in_a_held_directory_is_refused_before_touching_it(holder, 
     assert result.returncode == 1, result.stderr
     assert result.stderr.strip().startswith("error: the run directory") and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+    assert [p.name for p in run_dir.iterdir()] == [LOCK_NAME]  # refused before Hydra wrote .hydra/ or a log
 
 
 def test_a_lock_whose_process_is_gone_is_taken_over(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -169,3 +169,25 @@ def test_ceilings_line_names_the_limit() -> None:
     assert "input-bound" in line and "300.0" in line and "90%" in line
     assert "compute-bound" in ceilings([row("loader", 3000.0), row("compute", 900.0)])
     assert ceilings([row("train", 270.0)]) == ""
+
+
+def test_the_plot_is_drawn_for_one_window_and_for_a_job_without_a_figure(tmp_path: Path) -> None:
+    """A short sweep: one steady window per job (the median unrounded, the window rounded in metrics.json) and a
+    job too short for any window. It used to end with "'yerr' must not contain negative values" and no PNG."""
+    from imgtrain.sweep_report import build_report
+
+    for num, (median, windows) in enumerate([(101.234567, [101.23]), (99.4449, [99.44]), (None, [])]):
+        folder = tmp_path / str(num)
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "overrides.yaml").write_text(f"- data.num_workers={num}\n")
+        metrics = {
+            "images_per_sec": median,
+            "images_per_sec_median": median,
+            "images_per_sec_windows": windows,
+            "data_wait_frac": 0.1 if median else None,
+            "mode": "train",
+        }
+        (folder / "metrics.json").write_text(json.dumps(metrics))
+    best = build_report(tmp_path)
+    assert best["job"] == "0"
+    assert (tmp_path / "sweep_summary.png").stat().st_size > 0

@@ -14,6 +14,7 @@ from imgtrain.config import register_configs
 from imgtrain.dist import register_resolvers
 from imgtrain.errors import ConfigError, RunError
 from imgtrain.faults import Preempted
+from imgtrain.rundir import Refused
 
 # Lines of OmegaConf/Hydra messages that repeat what the first line says, or point at internals.
 _NOISE = (
@@ -110,6 +111,9 @@ def run_guarded(main: Callable[[], object]) -> int:
         except Preempted as stop:
             print(f"stopped: {stop}", file=sys.stderr, flush=True)
             return stop.exit_code
+        except Refused as refused:
+            print(f"error: {refused.error}", file=sys.stderr, flush=True)
+            return 2 if isinstance(refused.error, ConfigError) else 1
         return 0
     # Ask Hydra to re-raise instead of printing its own multi-line report, so it can be shortened here.
     global _guarded
@@ -120,6 +124,9 @@ def run_guarded(main: Callable[[], object]) -> int:
     except Preempted as stop:
         print(f"stopped: {stop}", file=sys.stderr, flush=True)
         return stop.exit_code
+    except Refused as refused:  # the run directory's lock, taken before the job starts (rundir.LockRunDir)
+        print(f"error: {refused.error}", file=sys.stderr, flush=True)
+        return 2 if isinstance(refused.error, ConfigError) else 1
     except (_Escalated, HydraException, OmegaConfBaseException) as caught:
         error = caught.error if isinstance(caught, _Escalated) else caught
         print(f"error: {one_line(error)}", file=sys.stderr, flush=True)

@@ -11,6 +11,7 @@ restart), or when its heartbeat is older than STALE_AFTER_S (another host: its c
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
 
 from imgtrain import dist
 from imgtrain.errors import ConfigError, RunError
@@ -32,6 +35,7 @@ from imgtrain.host import atomic_write
 
 log = logging.getLogger(__name__)
 
+_HELD: dict[Path, RunDirLock] = {}  # run directories this process holds (python train.py takes its lock early)
 LOCK_NAME = ".imgtrain.lock"
 HEARTBEAT_S = 30.0  # how often the holder rewrites its heartbeat
 STALE_AFTER_S = 300.0  # a heartbeat older than this (seen from another host) means the holder is gone
@@ -88,11 +92,16 @@ class RunDirLock:
 
     def __enter__(self) -> RunDirLock:
         self.acquire()
+        _HELD[self.directory.resolve()] = self
         self._beat = threading.Thread(target=self._heartbeat, name="run-dir-lock", daemon=True)
         self._beat.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Release the lock (once; later calls do nothing)."""
+        if _HELD.get(self.directory.resolve()) is not self:
+            return
+        del _HELD[self.directory.resolve()]
         self._stop.set()
         if self._beat is not None:
             self._beat.join()
@@ -178,8 +187,10 @@ def _who(holder: dict[str, Any]) -> tuple[Any, Any]:
 
 @contextlib.contextmanager
 def hold(directory: Path, info: dist.DistInfo) -> Iterator[None]:
-    """Rank 0 holds the run directory's lock for the whole job; every rank stops if it cannot."""
-    lock = RunDirLock(directory) if info.is_main else None
+    """Rank 0 holds the run directory's lock for the whole job; every rank stops if it cannot. Nothing to do
+    when this process holds it already (`LockRunDir` took it before Hydra wrote there)."""
+    held = directory.resolve() in _HELD
+    lock = RunDirLock(directory) if info.is_main and not held else None
     problem: RunError | None = None
     if lock is not None:
         try:
@@ -193,4 +204,36 @@ def hold(directory: Path, info: dist.DistInfo) -> Iterator[None]:
         yield
     finally:
         if lock is not None:
+            lock.__exit__()
+
+
+class Refused(BaseException):  # noqa: N818 - like Preempted: it must pass Hydra's `except Exception`
+    """The run directory's lock was refused before Hydra started the job; `error` is the one line to print."""
+
+    def __init__(self, error: RunError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class LockRunDir(Callback):
+    """Hydra callback: `python train.py` takes the run directory's lock before Hydra writes `.hydra/` and the log
+    file there, so a refused second run leaves the directory exactly as it was (rank 0; a multirun's jobs lock
+    their own directories in `run`)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if os.environ.get("RANK", "0") != "0":
+            return
+        try:
+            directory = Path(str(config.hydra.run.dir)).resolve()
+        except Exception:  # noqa: BLE001 - a run dir built from values known only later: `run` locks it then
+            return
+        lock = RunDirLock(directory)
+        try:
+            lock.__enter__()
+        except RunError as error:  # ConfigError too
+            raise Refused(error) from None  # Hydra turns an Exception from a callback into a warning
+        atexit.register(lock.__exit__)  # also after a stop signal, which ends the process past on_run_end
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        for lock in list(_HELD.values()):
             lock.__exit__()

@@ -164,7 +164,7 @@ def plot(path: Path, rows: list[dict[str, Any]], swept: list[str]) -> None:
     fig, (ax_rate, ax_wait) = plt.subplots(1, 2, figsize=(11, 4.2))
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        if row["status"] == "ok":
+        if row["status"] == "ok" and (row["images_per_sec_median"] or row["images_per_sec"]):  # n/a: not plotted
             groups.setdefault(_describe(row, series_keys) or "all jobs", []).append(row)
     for label, members in groups.items():
         xs_raw = [row["overrides"].get(x_key, row["job"]) for row in members]
@@ -174,8 +174,10 @@ def plot(path: Path, rows: list[dict[str, Any]], swept: list[str]) -> None:
         xs = [xs[i] for i in order]
         members = [members[i] for i in order]
         rates = [row["images_per_sec_median"] or row["images_per_sec"] for row in members]
-        low = [rate - (row["images_per_sec_p25"] or rate) for rate, row in zip(rates, members, strict=True)]
-        high = [(row["images_per_sec_p75"] or rate) - rate for rate, row in zip(rates, members, strict=True)]
+        # Clamped at 0: the quartiles come from metrics.json's windows, rounded to 0.01 img/s, the median from the
+        # unrounded ones; with one window the rounding alone made a negative bar and matplotlib refused the plot.
+        low = [max(0.0, rate - (row["images_per_sec_p25"] or rate)) for rate, row in zip(rates, members, strict=True)]
+        high = [max(0.0, (row["images_per_sec_p75"] or rate) - rate) for rate, row in zip(rates, members, strict=True)]
         ax_rate.errorbar(xs, rates, yerr=[low, high], marker="o", capsize=3, label=label)
         ax_wait.plot(xs, [100 * (row["data_wait_frac"] or 0) for row in members], marker="o", label=label)
     ax_rate.set(xlabel=x_key, ylabel="images/s (median of windows)", title="Throughput")

@@ -75,14 +75,14 @@ class Metrics:
         self.tb_dir = str(out_dir / "tb")
         self.tb: MetricsLogger | None = None
         self.bar: Any = None
-        self.total_steps, self.lr = 0, lambda: 0.0
+        self.total_steps, self.lr, self.start_step = 0, lambda: 0.0, 0
         self.sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss x images, correct, images
         self.wait = 0.0  # seconds waited for the next batch since the last step
 
     @contextlib.contextmanager
     def running(self, start_step: int, total_steps: int, lr: Callable[[], float]) -> Iterator[Metrics]:
         """Sample resources and write TensorBoard while training; `lr` reads the current learning rate."""
-        self.total_steps, self.lr = total_steps, lr
+        self.total_steps, self.lr, self.start_step = total_steps, lr, start_step
         # purge_step: TensorBoard hides what an interrupted run logged after the checkpoint it resumed from.
         self.tb = MetricsLogger(self.tb_dir, enabled=self.info.is_main, purge_step=start_step + 1 or None)
         if self.device.type == "cuda":
@@ -180,11 +180,13 @@ class Metrics:
             [perf["images_per_sec"] or 0.0, perf["data_wait_frac"] or 0.0, 0.0, -1.0 if util is None else util]
         )
         device, info, settings, val = self.device, self.info, self.settings, progress.val
+        unmeasured = (progress.step - self.start_step, self.warmup_steps)
         cuda = device.type == "cuda"
         return {
             "status": "ok",
             "mode": settings.mode,
             "images_per_sec": merged["images_per_sec"] if measured else None,
+            "images_per_sec_note": None if measured else report.why_not_measured(*unmeasured),
             "images_per_sec_per_process": perf["images_per_sec"],
             "images_per_sec_median": perf.get("images_per_sec_median"),
             "images_per_sec_windows": perf["windows"],

@@ -41,6 +41,17 @@ def verdict(summary: dict[str, Any]) -> str:
     return f"compute-bound: only {wait:.0%} of step time waits for data; more loader workers will not help"
 
 
+def why_not_measured(steps_run: int, warmup_steps: int) -> str:
+    """Why a run has no throughput figure, and how to get one."""
+    if steps_run <= warmup_steps:
+        return (
+            f"not measured: all {steps_run} steps of this run were warm-up steps (trainer.warmup_steps="
+            f"{warmup_steps}), which throughput leaves out; run more steps (trainer.max_steps) or lower "
+            "trainer.warmup_steps"
+        )
+    return f"not measured: no steady-state window closed in this run's {steps_run} steps"
+
+
 def _fmt(value: Any, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
@@ -49,7 +60,7 @@ def print_table(summary: dict[str, Any]) -> None:
     """A short summary on the console."""
     loader = summary["loader"]
     rows = [
-        ("images/s (steady state)", _fmt(summary["images_per_sec"], ",.1f")),
+        ("images/s (steady state)", summary.get("images_per_sec_note") or _fmt(summary["images_per_sec"], ",.1f")),
         ("data wait (share of step)", _fmt(summary["data_wait_frac"], ".1%")),
         ("step time (ms)", _fmt(summary["step_time_ms"], ".1f")),
         ("verdict", summary.get("verdict") or "n/a"),
