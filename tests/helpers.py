@@ -54,6 +54,20 @@ def run_torchrun(args: list[str], cwd: Path, data_dir: Path, nproc: int = 2, tim
     return subprocess.run(cmd, cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)
 
 
+def start_torchrun(args: list[str], cwd: Path, data_dir: Path, launcher: list[str] = ()) -> subprocess.Popen:
+    """Start `torchrun --standalone --nproc_per_node=2 [launcher] train.py args`; stdout and stderr together."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *launcher]
+    env = {**_env(data_dir), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [*cmd, str(ROOT / "train.py"), *args],
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
 def _env(data_dir: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "IMGTRAIN_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", **extra}
 

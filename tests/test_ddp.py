@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import FAST, run_torchrun, run_train
+from helpers import FAST, run_torchrun, run_train, start_torchrun
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from imgtrain import dist
@@ -168,26 +168,13 @@ def test_only_rank_zero_writes_hydra_files(monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.mark.slow  # several torchrun or submitit processes
 def test_preemption_stops_every_rank_and_a_torchrun_restart_resumes(tmp_path: Path, data_dir: Path) -> None:
     """SIGTERM to one of two ranks: both save-and-stop at the same step; torchrun restarts them; they resume."""
-    import os
     import signal
-    import subprocess
-    import sys
     import time
 
     import psutil
-    from helpers import ROOT
 
     args = [*DDP, "trainer.epochs=3", "trainer.ckpt_every_n_steps=2", "data.num_workers=1"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1"]
-    env = {**os.environ, "IMGTRAIN_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [*cmd, str(ROOT / "train.py"), *args],
-        cwd=tmp_path,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    proc = start_torchrun(args, tmp_path, data_dir, launcher=["--max-restarts=1"])
     deadline = time.monotonic() + 180
     while not list(tmp_path.glob("outputs/*/*/checkpoints/last.pt")):
         assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
@@ -230,29 +217,15 @@ def test_a_nan_on_one_rank_is_skipped_on_every_rank(tmp_path: Path, data_dir: Pa
 def test_sigterm_to_torchrun_then_resume_matches_an_uninterrupted_two_process_run(tmp_path: Path, data_dir: Path):
     """SIGTERM to the torchrun agent (what SLURM and Ctrl-C send): it stops both ranks, which save and exit; the
     same command then resumes, and the weights and final loss equal those of one uninterrupted 2-process run."""
-    import os
     import signal
-    import subprocess
-    import sys
     import time
-
-    from helpers import ROOT
 
     args = [*DDP, "trainer.epochs=3", "trainer.ckpt_every_n_steps=2", "data.num_workers=1"]
     args += ["trainer.deterministic=true"]
     straight = tmp_path / "straight"
     assert run_torchrun([*args, f"hydra.run.dir={straight}"], tmp_path, data_dir).returncode == 0
     run_dir = tmp_path / "interrupted"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    env = {**os.environ, "IMGTRAIN_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [*cmd, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    proc = start_torchrun([*args, f"hydra.run.dir={run_dir}"], tmp_path, data_dir)
     deadline = time.monotonic() + 180
     while not (run_dir / "checkpoints" / "last.pt").exists():
         assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"

@@ -197,9 +197,9 @@ def hold(directory: Path, info: dist.DistInfo) -> Iterator[None]:
             lock.__enter__()
         except RunError as error:  # ConfigError too
             problem = error
-    shared = dist.broadcast_object(None if problem is None else (type(problem) is ConfigError, str(problem)), info)
-    if shared:
-        raise problem if problem is not None else (ConfigError if shared[0] else RunError)(shared[1])
+    problem = dist.broadcast_object(problem, info)  # rank 0's refusal (it pickles), raised on every rank
+    if problem is not None:
+        raise problem
     try:
         yield
     finally:
