@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -40,6 +41,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+from imgtrain.data.datasets import build_shapes  # noqa: E402
+from imgtrain.data.loader import GuardedSamples, collate  # noqa: E402
 from imgtrain.data.shapes import ensure_shapes  # noqa: E402
 from imgtrain.host import available_cpus  # noqa: E402
 
@@ -217,6 +220,49 @@ def save_stall(run_dir: Path, save_steps: list[int], window: int) -> list[float]
 # ----------------------------------------------------------------------------- GPU sections
 GPU_STEPS, GPU_WARMUP = 300, 50  # every GPU row: 250 steady-state steps after 50 warm-up steps
 R18_BATCH, R50_BATCH = 512, 256
+
+
+def clock_cost(bench: Bench, rounds: int) -> dict:
+    """The stage clocks alone, in this process: microseconds per image to load and collate shapes with the clocks
+    on and off, alternating `rounds` times (the whole-run pairs below are noisier than this difference)."""
+    bundle = build_shapes(
+        "shapes", 32, [0.5] * 3, [0.25] * 3, True, str(bench.workdir / "data" / "shapes"), 2048, 64, 0
+    )
+    per_image: dict[str, list[float]] = {"on": [], "off": []}
+    for i in range(rounds):
+        for which in ("on", "off") if i % 2 == 0 else ("off", "on"):
+            samples = GuardedSamples(bundle.train, timed=which == "on")
+            started = time.perf_counter()
+            for first in range(0, 2048, 64):
+                collate([samples[index] for index in range(first, first + 64)])
+            per_image[which].append(1e6 * (time.perf_counter() - started) / 2048)
+    on, off = statistics.median(per_image["on"]), statistics.median(per_image["off"])
+    return {"us_per_image_on": per_image["on"], "us_per_image_off": per_image["off"], "cost_us_per_image": on - off}
+
+
+def stage_breakdown(bench: Bench, repeats: int, steps: int) -> dict:
+    """The stage breakdown's cost: data.stage_timings on and off, interleaved, in mode=loader (the input pipeline
+    is all there is to slow down) and mode=train (what users run); plus the clocks' own cost per image."""
+    result: dict = {"steps": steps, "repeats": repeats, "clocks": clock_cost(bench, 2 if bench.quick else 10)}
+    for mode in ("loader", "train"):
+        rates: dict[str, list] = {"on": [], "off": []}
+        for i in range(repeats):
+            for which in ("on", "off") if i % 2 == 0 else ("off", "on"):
+                flag = f"data.stage_timings={'true' if which == 'on' else 'false'}"
+                run = bench.train(f"mode={mode}", f"trainer.max_steps={steps}", flag)
+                rates[which].append(run.get("images_per_sec"))
+                if which == "on" and run.get("pipeline"):
+                    result.setdefault(f"{mode}_pipeline", run["pipeline"])
+        row: dict = {"on": rates["on"], "off": rates["off"]}
+        valid_on, valid_off = [v for v in rates["on"] if v], [v for v in rates["off"] if v]
+        if valid_on and valid_off:
+            row["on_median"], row["off_median"] = statistics.median(valid_on), statistics.median(valid_off)
+            row["cost"] = 1 - row["on_median"] / row["off_median"]
+            row["clock_share"] = result["clocks"]["cost_us_per_image"] * row["on_median"] / 1e6
+        result[mode] = row
+    return result
+
+
 LOADER_WORKERS = (8, 12, 15)  # the DataLoader rows on the 16-core box: the best of these is the row that counts
 JPEG_SIZE, JPEG_TRAIN, JPEG_VAL = 384, 25_600, 512  # about ImageNet's mean pixel count; 100 steps an epoch
 R18 = ["model=resnet18_cifar", "dataset.image_size=32", f"data.batch_size={R18_BATCH}", "trainer.precision=bf16"]
@@ -384,7 +430,7 @@ def machine() -> dict:
     }
 
 
-SECTIONS = ("overhead", "modes", "workers", "checkpoint", "gpu-ceilings", "gpu-jpeg")
+SECTIONS = ("overhead", "modes", "workers", "breakdown", "checkpoint", "gpu-ceilings", "gpu-jpeg")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -422,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
         report["modes"] = modes(bench, steps)
     if "workers" in only:
         report["workers"] = workers(bench, steps)
+    if "breakdown" in only:
+        report["breakdown"] = stage_breakdown(bench, repeats, steps)
     if "checkpoint" in only:
         ckpt_steps = 12 if args.quick else (1500 if torch.cuda.is_available() else CPU_CKPT_STEPS)
         report["checkpoint"] = checkpoint_cost(bench, 1 if args.quick else (args.repeats or 3), ckpt_steps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 
@@ -39,6 +40,8 @@ def render(report: dict, json_path: Path) -> str:
             lines.append(
                 f"| {row['num_workers']} | {_rate(row.get('images_per_sec'))} | {_share(row.get('data_wait_frac'))} |"
             )
+    if "breakdown" in report:
+        lines += _breakdown(report["breakdown"])
     if "checkpoint" in report:
         lines += _checkpoint(report["checkpoint"])
     if "gpu_ceilings" in report:
@@ -132,6 +135,31 @@ def _overhead(result: dict) -> list[str]:
             f"**Medians: train.py {_rate(result['train_py_median'])} img/s, bare loop "
             f"{_rate(result['bare_loop_median'])} img/s: overhead {result['overhead']:+.1%}** (target: 3% or less).",
         ]
+    return lines
+
+
+def _breakdown(result: dict) -> list[str]:
+    lines = ["", f"### Cost of the stage breakdown (`data.stage_timings`, shapes, {result['steps']} steps per run)", ""]
+    lines += ["| mode | on: images/s (median) | off | each run on | each run off | cost | clocks alone |"]
+    lines += ["| --- | ---: | ---: | --- | --- | ---: | ---: |"]
+    for mode in ("loader", "train"):
+        row = result.get(mode, {})
+        runs_on = ", ".join(_rate(v) for v in row.get("on", []))
+        runs_off = ", ".join(_rate(v) for v in row.get("off", []))
+        cost = f"{row['cost']:+.1%}" if row.get("cost") is not None else "-"
+        clocks = f"{row['clock_share']:.2%}" if row.get("clock_share") is not None else "-"
+        cells = [mode, _rate(row.get("on_median")), _rate(row.get("off_median")), runs_on, runs_off, cost, clocks]
+        lines.append("| " + " | ".join(cells) + " |")
+    clocks = result["clocks"]
+    lines += [
+        "",
+        f"The clocks alone (in one process, loading and collating 2,048 shapes images, on and off alternating "
+        f"{len(clocks['us_per_image_on'])} times): {clocks['cost_us_per_image']:+.1f} us per image "
+        f"(medians {statistics.median(clocks['us_per_image_on']):.1f} on, "
+        f"{statistics.median(clocks['us_per_image_off']):.1f} off). 'clocks alone' is that cost times the run's "
+        "images/s: the share of a second the clocks take. Whole runs are interleaved; their spread on this machine "
+        "is wider than the target of 1%.",
+    ]
     return lines
 
 

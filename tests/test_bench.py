@@ -31,6 +31,10 @@ def test_quick_benchmark_runs_every_section(tmp_path: Path) -> None:
     assert modes[("shapes", "train, data.device_resident=true")]["images_per_sec"] > 0
     assert [row["num_workers"] for row in report["workers"]][:2] == [0, 1]
     assert all(row["images_per_sec"] > 0 for row in report["workers"])
+    breakdown = report["breakdown"]
+    assert all(v > 0 for mode in ("loader", "train") for v in breakdown[mode]["on"] + breakdown[mode]["off"])
+    assert "cost" in breakdown["train"] and breakdown["clocks"]["us_per_image_on"][0] > 0
+    assert breakdown["loader_pipeline"]["stage_ms_per_image"]["decode"] > 0
     ckpt = {row["variant"]: row for row in report["checkpoint"]["rows"]}
     assert all(row["images_per_sec"] > 0 for row in ckpt.values()) and ckpt["off"]["saves_per_run"] == [0]
     assert ckpt["defaults"]["saves_per_run"] == [1]  # the end of the run (no improvement seen: one epoch)
@@ -41,6 +45,7 @@ def test_quick_benchmark_runs_every_section(tmp_path: Path) -> None:
     text = out_md.read_text()
     assert "(quick mode: a smoke test, not figures to quote)" in text and "### (c) Loader throughput" in text
     assert "### (d) GPU" in text and "### (e) GPU" in text and "### Checkpoint cost" in text
+    assert "### Cost of the stage breakdown" in text
 
 
 def test_only_runs_the_sections_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

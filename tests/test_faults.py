@@ -76,7 +76,7 @@ def test_unreadable_images_are_replaced_and_reported(tmp_path) -> None:
     with open(broken, "wb") as f:
         f.write(b"\xff\xd8 truncated jpeg")
     samples = GuardedSamples(bundle.train)
-    image, label, skipped = samples[1]
+    image, label, skipped, _ = samples[1]
     assert len(skipped) == 1 and skipped[0][0] == broken and skipped[0][1]  # (path, reason)
     assert torch.equal(image, samples[2][0]) and label == samples[2][1]  # the next readable sample
     batch = collate([samples[0], samples[1]])

@@ -193,6 +193,9 @@ def test_truncated_and_cmyk_jpegs_are_skipped_and_counted(tmp_path: Path, data_d
     run(compose_cfg(*overrides, output_dir=str(tmp_path / "run")))
     metrics = read_metrics(tmp_path / "run")
     assert metrics["skipped_samples"] == 4  # two files, read once in each of two epochs
+    stages = metrics["pipeline"]["stage_ms_per_image"]
+    assert stages["gpu_decode"] > 0 and stages["read"] > 0  # decode on the GPU, in the decode thread
+    assert stages["decode"] == 0 and stages["h2d"] is None  # workers only read; decoded images are already there
     assert metrics["steps"] == 12 and math.isfinite(metrics["val_loss"])
 
 
@@ -285,6 +288,8 @@ def test_bf16_channels_last_compiled_trains(tmp_path: Path) -> None:
     metrics = read_metrics(tmp_path)
     assert metrics["steps"] == 8 and metrics["precision"] == "bf16" and math.isfinite(metrics["val_loss"])
     assert all(math.isfinite(v) for _, v in _steps(tmp_path, "train/loss"))
+    assert metrics["pipeline"]["stage_ms_per_image"]["h2d"] > 0  # the prefetch stream's copies, timed by events
+    assert _steps(tmp_path, "pipeline/h2d_ms_per_batch")
 
 
 # ----------------------------------------------------------------------------- NVML

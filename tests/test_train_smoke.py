@@ -20,6 +20,12 @@ EXPECTED_TAGS = {
     "perf/step_time_ms",
     "sys/cpu_pct",
     "sys/rss_gb",
+    "pipeline/read_ms_per_image",
+    "pipeline/decode_ms_per_image",
+    "pipeline/augment_ms_per_image",
+    "pipeline/collate_ms_per_batch",
+    "pipeline/transfer_ms_per_batch",
+    "pipeline/worker_busy_frac",
 }
 
 
@@ -63,6 +69,17 @@ def test_metrics_json_holds_the_final_summary(smoke_run) -> None:
     assert metrics["measured_steps"] == 6  # 8 steps minus 2 warm-up steps
     assert len(metrics["images_per_sec_windows"]) == 3
     assert metrics["rss_peak_gb"] > 0.1
+
+
+def test_the_run_reports_where_its_input_time_went(smoke_run) -> None:
+    run_dir, result = smoke_run
+    pipeline = read_metrics(run_dir)["pipeline"]
+    per_image = pipeline["stage_ms_per_image"]
+    assert all(per_image[stage] > 0 for stage in ("read", "decode", "augment", "collate"))
+    assert per_image["h2d"] is None and per_image["gpu_decode"] is None  # a CPU device: no copy, no GPU decode
+    assert pipeline["workers"] == 1 and 0 < pipeline["worker_busy_frac"] <= 1
+    assert pipeline["compute_images_per_sec"] is None  # debug=fast turns the contention probe off
+    assert "input stages (ms per image)  read " in result.stdout and "loading busy" in result.stdout
 
 
 def test_tensorboard_has_the_tags(smoke_run) -> None:

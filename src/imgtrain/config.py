@@ -21,6 +21,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from imgtrain.errors import ConfigError
 
 AUTO = "auto"
+TUNE = "tune"  # data.num_workers=tune: probe the loader at a few worker counts before training
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
 
@@ -122,7 +123,8 @@ def _checked(default: Any, check: Check) -> Any:
 
 # ----------------------------------------------------------------------------- data (the DataLoader)
 def _workers(value: Any) -> str | None:
-    return None if value == AUTO or (_is_int(value) and value >= 0) else "expected an integer >= 0 or auto"
+    ok = value in (AUTO, TUNE) or (_is_int(value) and value >= 0)
+    return None if ok else "expected an integer >= 0, auto or tune"
 
 
 @dataclass
@@ -131,6 +133,9 @@ class DataConfig:
 
     batch_size: int = _checked(64, at_least(1, note="images per process"))  # global: x world_size
     num_workers: Any = _checked(AUTO, _workers)  # auto: CPUs of this process / local world size, minus one
+    # num_workers=tune: before training, probe the loader at a few worker counts (this many seconds in all,
+    # with the compute probe) and keep the fewest workers that stay 1.25x ahead of the model
+    tune_budget_s: float = _checked(20.0, lambda v: None if v >= 2 else "expected seconds >= 2")
     pin_memory: bool = True  # page-locked host buffers; only meaningful with CUDA (turned off on CPU)
     prefetch_factor: int | None = _checked(2, at_least(1, null=""))  # batches ahead per worker
     persistent_workers: bool = True  # keep workers alive across epochs instead of re-forking them
@@ -144,6 +149,7 @@ class DataConfig:
     device_resident: bool = False  # whole training set as one uint8 tensor on the device, batched crop/flip there
     prefetch_to_device: bool = True  # on CUDA with pin_memory: copy the next batch on a side stream
     max_bad_samples: int | None = _checked(100, at_least(0, null="no limit"))
+    stage_timings: bool = True  # time read/decode/augment/collate in the workers, transfer and copy in the loop
 
 
 # ----------------------------------------------------------------------------- datasets
@@ -278,6 +284,9 @@ class TrainerConfig:
     ckpt_every_min: float | None = _checked(10.0, lambda v: None if v is None or v > 0 else _MINUTES)
     ckpt_every_n_steps: int = _checked(0, at_least(0, note="0 = off"))  # also every this many steps
     nonfinite: NonFinite = NonFinite.stop  # a NaN/inf loss: stop, or skip the step (counted)
+    # After training, time the model alone (a copy, on a batch already on the device) to tell CPU contention
+    # from compute-bound. auto: only when workers and training may compete for the CPUs
+    compute_probe: Any = _checked(AUTO, auto_or_bool)
 
 
 @dataclass

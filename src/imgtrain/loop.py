@@ -22,6 +22,7 @@ from imgtrain.config import DataConfig, Mode
 from imgtrain.data.failures import next_batch, workers_stopped_on_error
 from imgtrain.data.feed import Feed
 from imgtrain.data.pipeline import RunData
+from imgtrain.data.stages import transfer_seconds
 from imgtrain.faults import Faults
 from imgtrain.metrics import Metrics
 from imgtrain.optim import Step
@@ -59,7 +60,8 @@ def train_one_epoch(
 class EpochBatches:
     """One epoch of a loader's batches on the device, at most `limit` of them (a context manager).
 
-    The time `next()` blocks is the data wait (to `on_wait`); the unreadable files each batch replaced go to
+    The time `next()` blocks is the data wait; it goes to `on_batch` with the part of it after the batch was
+    finished (transfer) and the batch's stage times. The unreadable files each batch replaced go to
     `on_unreadable`, and their number is kept in `unreadable`. DataLoader failures become one line.
     """
 
@@ -71,11 +73,11 @@ class EpochBatches:
         limit: float,
         *,
         on_unreadable: Callable[[tuple[tuple[str, str], ...]], None],
-        on_wait: Callable[[float], None] | None = None,
+        on_batch: Callable[[float, float, tuple], None] | None = None,
         split: str = "train",
     ) -> None:
         self.loader, self.feed, self.data, self.limit, self.split = loader, feed, data, limit, split
-        self.on_unreadable, self.on_wait = on_unreadable, on_wait or (lambda seconds: None)
+        self.on_unreadable, self.on_batch = on_unreadable, on_batch or (lambda wait, transfer, times: None)
         self.taken, self.unreadable = 0, 0
         self._stack = contextlib.ExitStack()
 
@@ -98,7 +100,8 @@ class EpochBatches:
             batch = next_batch(self.batches, self.data)  # blocks while no batch is ready: the data wait
             if batch is None:
                 return
-            self.on_wait(time.perf_counter() - started)
+            received = time.perf_counter()
+            self.on_batch(received - started, transfer_seconds(batch.times, started, received), batch.times)
             self.taken += 1
             self.unreadable += len(batch.skipped)
             self.on_unreadable(batch.skipped)
@@ -152,7 +155,7 @@ def fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mo
             data.settings,
             limit,
             on_unreadable=parts.faults.unreadable,
-            on_wait=parts.metrics.add_wait,
+            on_batch=parts.metrics.add_batch,
         )
         with batches:
             train_one_epoch(model, batches, step, parts.faults, parts.metrics, parts.checkpointer, progress)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -18,15 +19,16 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from imgtrain import dist, rundir
+from imgtrain import dist, rundir, tune
 from imgtrain.checkpoint import Checkpointer, Progress
 from imgtrain.cli import one_line
-from imgtrain.config import Config, validate
-from imgtrain.data.pipeline import build_data
+from imgtrain.config import TUNE, Config, Mode, validate
+from imgtrain.data.pipeline import RunData, build_data, save_loader_args, use_tuned_workers
 from imgtrain.faults import Faults
 from imgtrain.host import write_json
 from imgtrain.loop import Components, fit
 from imgtrain.metrics import Metrics
+from imgtrain.metrics.pipeline import PipelineMeter
 from imgtrain.model import memory_format_for, prepare_model, resolve_precision
 from imgtrain.optim import build_step
 
@@ -104,6 +106,8 @@ def _train_locked(
     total_steps = min(trainer.epochs * steps_per_epoch, trainer.max_steps or math.inf)
     epochs = math.ceil(total_steps / steps_per_epoch)
     model, base = prepare_model(settings, data.bundle.num_classes, device, memory_format, info)
+    if settings.data.num_workers == TUNE:
+        _tune_workers(settings, data, info, device, (base, precision, memory_format), out_dir)
     step = build_step(settings, base, device, precision, (steps_per_epoch, total_steps))
     log.info(
         "device %s, precision %s, world size %d, %d epoch(s) x %d steps (%d steps in all)",
@@ -118,10 +122,46 @@ def _train_locked(
     if progress.step >= total_steps and finished.exists():
         log.info("this run already finished at step %d: %s is kept as it is", progress.step, finished)
         return json.loads(finished.read_text())
-    metrics = Metrics(settings, device, info, out_dir, faults, also_agreeing=[checkpointer])
+    workers = data.loader_args["train"]["num_workers"]
+    pipeline = PipelineMeter(workers, data.feed.copy_timer)
+    metrics = Metrics(settings, device, info, out_dir, faults, also_agreeing=[checkpointer], pipeline=pipeline)
     lr = lambda: step.scheduler.get_last_lr()[0]  # noqa: E731
     with faults, checkpointer.writing(), metrics.running(progress.step, total_steps, lr=lr):
         fit(model, data, step, Components(faults, metrics, checkpointer, progress), settings.mode, epochs)
-    summary = metrics.summary(progress, precision, data.loader_args, wall_time_s=time.perf_counter() - started)
+    model_rate = _model_rate(settings, data, metrics, device, (base, precision, memory_format))
+    wall_time_s = time.perf_counter() - started
+    summary = metrics.summary(progress, precision, data.loader_args, wall_time_s, compute_images_per_sec=model_rate)
     metrics.finish(summary, finished)
     return summary
+
+
+def _tune_workers(
+    settings: Config, data: RunData, info: dist.DistInfo, device: torch.device, compute: tuple, out_dir: Path
+) -> None:
+    """data.num_workers=tune: probe, then train with the chosen count; auto's count where there is no loader."""
+    if settings.mode != Mode.train or settings.data.device_resident:
+        why = f"mode={settings.mode}" if settings.mode != Mode.train else "data.device_resident=true"
+        log.info("data.num_workers=tune: nothing to probe with %s; keeping auto's count", why)
+        return
+    base, precision, memory_format = compute
+    model_rate = functools.partial(tune.compute_rate, base, settings, device, precision, memory_format)
+    tuned = tune.tune_workers(data.bundle.train, settings, data.feed, info, model_rate)
+    use_tuned_workers(data, settings, info, device, tuned)
+    save_loader_args(data, info, out_dir)
+
+
+def _model_rate(settings: Config, data: RunData, metrics: Metrics, device: torch.device, compute: tuple):
+    """The model's own images/s, for telling CPU contention from compute-bound: the tune probe's, or timed now
+    (with the workers idle) when trainer.compute_probe says so."""
+    tuned = data.loader_args.get("tune")
+    if tuned:
+        return tuned["compute_images_per_sec"]
+    wait_frac, busy_cores = metrics.local_input_load()
+    workers = data.loader_args["train"]["num_workers"]
+    probe = settings.trainer.compute_probe
+    if settings.mode != Mode.train or not tune.contention_plausible(probe, wait_frac, busy_cores, workers, device):
+        return None
+    base, precision, memory_format = compute
+    rate = tune.compute_rate(base, settings, device, precision, memory_format, tune.CONTENTION_PROBE_S)
+    log.info("the model alone (a copy, on a batch already on %s): %.1f images/s", device, rate)
+    return rate

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_datas
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 
-from imgtrain.data import shapes
+from imgtrain.data import shapes, stages
 from imgtrain.data.jpeg import EncodedJpeg, jpeg_problem
 from imgtrain.errors import ConfigError
 
@@ -76,10 +77,19 @@ def _square_resize(image_size: int) -> v2.Resize:
 
 
 # ----------------------------------------------------------------------------- datasets
-def decode_file(path: str) -> torch.Tensor:
-    """Read an image file into a uint8 RGB tensor [3, H, W]; libjpeg-turbo/libpng, else PIL."""
+def read_file(path: str) -> torch.Tensor:
+    """A file's bytes as a 1-d uint8 tensor."""
     with open(path, "rb") as f:
-        data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+        return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+
+
+def decode_file(path: str) -> torch.Tensor:
+    """Read and decode an image file into a uint8 RGB tensor [3, H, W]."""
+    return decode_bytes(read_file(path), path)
+
+
+def decode_bytes(data: torch.Tensor, path: str) -> torch.Tensor:
+    """An image file's bytes as a uint8 RGB tensor [3, H, W]; libjpeg-turbo/libpng, else PIL (from `path`)."""
     try:
         return decode_image(data, mode=ImageReadMode.RGB)
     except (RuntimeError, ValueError):  # formats torchvision cannot decode (BMP, TIFF, PPM, ...)
@@ -109,12 +119,18 @@ class ImageFileDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path = self.path(index)
+        started = time.perf_counter()
         try:
-            raw = decode_file(path)
+            data = read_file(path)
+            read = time.perf_counter()
+            raw = decode_bytes(data, path)
         except (OSError, RuntimeError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise CorruptSampleError(path, reason) from None
-        return self.transform(raw).contiguous(), int(self.labels[index])
+        decoded = time.perf_counter()
+        image = self.transform(raw).contiguous()
+        stages.record(read - started, decoded - read, time.perf_counter() - decoded)
+        return image, int(self.labels[index])
 
 
 class EncodedFileDataset(ImageFileDataset):
@@ -123,6 +139,7 @@ class EncodedFileDataset(ImageFileDataset):
 
     def __getitem__(self, index: int) -> tuple[EncodedJpeg, int]:
         path = self.path(index)
+        started = time.perf_counter()
         try:
             with open(path, "rb") as f:
                 raw = bytearray(f.read())
@@ -131,6 +148,7 @@ class EncodedFileDataset(ImageFileDataset):
         problem = jpeg_problem(raw)
         if problem:
             raise CorruptSampleError(path, problem)
+        stages.record(read=time.perf_counter() - started)  # decoding is timed on the GPU (gpu_decode)
         return EncodedJpeg(torch.frombuffer(raw, dtype=torch.uint8), path), int(self.labels[index])
 
 
@@ -147,10 +165,13 @@ class TensorImageDataset(Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        started = time.perf_counter()
         image = self.images[index]
         if self.transform is not None:
             image = self.transform(image)
-        return image.contiguous(), int(self.labels[index])
+        image = image.contiguous()
+        stages.record(augment=time.perf_counter() - started)  # in memory: nothing to read or decode
+        return image, int(self.labels[index])
 
 
 # ----------------------------------------------------------------------------- listing image folders

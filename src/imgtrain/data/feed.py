@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from imgtrain.data.gpu_decode import GpuJpegBatches
 from imgtrain.data.loader import Batch, EpochSampler
+from imgtrain.data.stages import CopyTimer
 from imgtrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class Feed:
     non_blocking: bool  # pinned host memory: the copy need not wait for the GPU
     prefetch: bool = False  # CUDA: copy the next batch on a side stream (data.prefetch_to_device)
     decode_transforms: dict[str, Any] | None = None  # dataset.decode=cuda: each split's transform, run on the GPU
+    copy_timer: CopyTimer | None = None  # times the host-to-device copies (CUDA events)
 
     @classmethod
     def build(
@@ -55,6 +57,7 @@ class Feed:
         pinned: bool,
         prefetch: bool,
         gpu_decode: bool,
+        timed: bool = True,
     ) -> Feed:
         """The feed for `bundle`'s normalisation; `prefetch` needs pinned memory (from pageable memory an
         asynchronous copy is a synchronous one), which the loader plan already checked."""
@@ -67,6 +70,7 @@ class Feed:
             non_blocking=pinned,
             prefetch=prefetch and device.type == "cuda",
             decode_transforms=transforms,
+            copy_timer=CopyTimer(device, timed),
         )
 
     @contextlib.contextmanager
@@ -78,14 +82,16 @@ class Feed:
             with GpuJpegBatches(loader_batches, transform, self.device, drop=split == "val") as decoded:
                 yield decoded
         elif self.prefetch and split == "train":
-            yield CudaPrefetcher(loader_batches, self.device)
+            yield CudaPrefetcher(loader_batches, self.device, self.copy_timer)
         else:
             yield loader_batches
 
     def to_model(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch on the device as the model takes it: float32, normalised, in its memory format."""
-        images = batch.images.to(self.device, non_blocking=self.non_blocking)
-        labels = batch.labels.to(self.device, non_blocking=self.non_blocking)
+        from_host = self.copy_timer is not None and batch.images.device.type == "cpu"
+        with self.copy_timer.span() if from_host else contextlib.nullcontext():
+            images = batch.images.to(self.device, non_blocking=self.non_blocking)
+            labels = batch.labels.to(self.device, non_blocking=self.non_blocking)
         images = images.to(dtype=torch.float32, memory_format=self.memory_format)
         return (images - self.mean) / self.std, labels
 
@@ -97,10 +103,11 @@ class CudaPrefetcher:
     event, not on the host. Iterates Batch objects; `inner` is the DataLoader iterator (for error handling).
     """
 
-    def __init__(self, batches: Iterator[Batch], device: torch.device) -> None:
+    def __init__(self, batches: Iterator[Batch], device: torch.device, timer: CopyTimer | None = None) -> None:
         self.inner = batches
         self.device = device
         self.stream = torch.cuda.Stream(device)
+        self.timer = timer or CopyTimer(device, enabled=False)
         self.pending: Batch | None = None
         self.started = False  # the first batch is fetched on the first next(), where errors are explained
 
@@ -109,10 +116,10 @@ class CudaPrefetcher:
         if batch is None:
             self.pending = None
             return
-        with torch.cuda.stream(self.stream):
+        with torch.cuda.stream(self.stream), self.timer.span(self.stream):
             images = batch.images.to(self.device, non_blocking=True)
             labels = batch.labels.to(self.device, non_blocking=True)
-        self.pending = Batch(images, labels, batch.skipped)
+        self.pending = batch._replace(images=images, labels=labels)
 
     def __iter__(self) -> CudaPrefetcher:
         return self

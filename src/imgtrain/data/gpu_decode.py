@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,12 +53,22 @@ class GpuJpegBatches:
                 for batch in self.inner:
                     if self.stopping.is_set():
                         return
-                    decoded = self.decoder(batch, self.device)
+                    decoded = self._decode(batch, stream)
                     done = stream.record_event() if stream is not None else None
                     self._hand_over((decoded, done))
             self._hand_over(self._END)
         except BaseException as error:  # noqa: BLE001 - raised again in the training thread
             self._hand_over(error)
+
+    def _decode(self, batch: Batch, stream: torch.cuda.Stream | None) -> Batch:
+        """Decode and transform one batch; with stage timings, its GPU seconds go into its times."""
+        started = time.perf_counter()
+        decoded = self.decoder(batch, self.device)
+        if not batch.times:
+            return decoded
+        if stream is not None:  # wait for this stream's own work only: the next decode's fence waits for it anyway
+            stream.synchronize()
+        return decoded._replace(times=batch.times._replace(gpu_decode=time.perf_counter() - started))
 
     def _hand_over(self, item: Any) -> None:
         while not self.stopping.is_set():

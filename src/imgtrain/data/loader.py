@@ -6,6 +6,7 @@ import functools
 import logging
 import random
 import signal
+import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -13,7 +14,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, default_collate, get_worker_info
 
-from imgtrain.config import AUTO, DataConfig
+from imgtrain.config import AUTO, TUNE, DataConfig
+from imgtrain.data import stages
 from imgtrain.data.datasets import CorruptSampleError
 from imgtrain.data.jpeg import EncodedJpeg
 from imgtrain.host import available_cpus
@@ -91,6 +93,7 @@ class LoaderPlan:
     seed_workers: bool = True
     device_resident: bool = False
     prefetch_to_device: bool = False  # effective value: CUDA, pinned memory and data.prefetch_to_device
+    stage_timings: bool = True  # data.stage_timings: each batch carries its stage seconds
 
     def describe(self) -> dict[str, Any]:
         """JSON-friendly view of the arguments (for logs, metrics.json and TensorBoard hparams)."""
@@ -113,11 +116,12 @@ def plan_loader(
     """Resolve `auto` values and drop options PyTorch would reject, noting each change in one line."""
     notes: list[str] = []
     workers = data.num_workers
-    if workers == AUTO:
+    if workers in (AUTO, TUNE):  # tune: the probe before training replaces auto's count (its fallback)
         workers = auto_num_workers(local_world_size)
         notes.append(
-            f"data.num_workers=auto -> {workers} ({available_cpus()} CPUs available to this process, "
+            f"data.num_workers={data.num_workers} -> {workers} ({available_cpus()} CPUs available to this process, "
             f"{local_world_size} process(es) on this node, one core kept for the training process)"
+            + (" until the probe before training chooses" if data.num_workers == TUNE else "")
         )
     kwargs: dict[str, Any] = {
         "batch_size": data.batch_size if train else (data.val_batch_size or 2 * data.batch_size),
@@ -153,6 +157,7 @@ def plan_loader(
         seed_workers=data.seed_workers,
         device_resident=data.device_resident and train,
         prefetch_to_device=data.prefetch_to_device and kwargs["pin_memory"] and not (data.device_resident and train),
+        stage_timings=data.stage_timings,
     )
 
 
@@ -181,23 +186,32 @@ class Batch(NamedTuple):
     labels: torch.Tensor
     skipped: tuple[tuple[str, str], ...] = ()  # (path, reason) of each unreadable file replaced or dropped
     sources: tuple[str, ...] = ()
+    times: stages.BatchTimes | tuple = ()  # the batch's stage seconds (empty with data.stage_timings=false)
 
 
-def collate(items: list[tuple[Any, int, tuple[tuple[str, str], ...]]]) -> Batch:
-    """default_collate for images and labels (it stacks into shared memory inside a worker), plus the skips.
+Sample = tuple[Any, int, tuple[tuple[str, str], ...], tuple[float, float, float, float] | None]
+
+
+def collate(items: list[Sample]) -> Batch:
+    """default_collate for images and labels (it stacks into shared memory inside a worker), plus the skips and
+    the stage times.
 
     Undecoded files (EncodedJpeg, dataset.decode=cuda) stay a list of byte tensors, with their paths. Items
     GuardedSamples dropped (image None) are left out.
     """
-    skipped = tuple(record for *_, records in items for record in records)
-    kept = [(image, label) for image, label, _ in items if image is not None]
+    started = time.perf_counter()
+    skipped = tuple(record for _, _, records, _ in items for record in records)
+    kept = [(image, label) for image, label, _, _ in items if image is not None]
     if not kept:
-        return Batch(None, torch.empty(0, dtype=torch.long), skipped)
-    if isinstance(kept[0][0], EncodedJpeg):
+        batch = Batch(None, torch.empty(0, dtype=torch.long), skipped)
+    elif isinstance(kept[0][0], EncodedJpeg):
         labels = torch.tensor([label for _, label in kept])
-        return Batch([e.data for e, _ in kept], labels, skipped, tuple(e.path for e, _ in kept))
-    images, labels = default_collate(kept)
-    return Batch(images, labels, skipped)
+        batch = Batch([e.data for e, _ in kept], labels, skipped, tuple(e.path for e, _ in kept))
+    else:
+        images, labels = default_collate(kept)
+        batch = Batch(images, labels, skipped)
+    timed = [times for *_, times in items if times is not None]
+    return batch._replace(times=stages.batch_times(timed, started)) if timed else batch
 
 
 class GuardedSamples(Dataset):
@@ -210,23 +224,26 @@ class GuardedSamples(Dataset):
 
     MAX_IN_A_ROW = 16  # more consecutive unreadable files than this is a broken dataset, not a bad file
 
-    def __init__(self, dataset: Dataset, replace: bool = True) -> None:
-        self.dataset, self.replace = dataset, replace
+    def __init__(self, dataset: Dataset, replace: bool = True, timed: bool = True) -> None:
+        self.dataset, self.replace, self.timed = dataset, replace, timed
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, item: int | tuple[int, int]) -> tuple[Any, int, tuple[tuple[str, str], ...]]:
+    def __getitem__(self, item: int | tuple[int, int]) -> Sample:
+        """(image, label, the unreadable files met, (read, decode, augment, total) seconds or None)."""
         index, seed = item if isinstance(item, tuple) else (item, None)
         skipped: list[tuple[str, str]] = []
         for _ in range(self.MAX_IN_A_ROW):
             try:
-                image, label = self._load(index, seed)
-                return image, label, tuple(skipped)
+                if not self.timed:
+                    return (*self._load(index, seed), tuple(skipped), None)
+                (image, label), times = stages.timed_sample(self._load, index, seed)
+                return image, label, tuple(skipped), times
             except CorruptSampleError as error:
                 skipped.append((error.path, error.reason))
                 if not self.replace:
-                    return None, -1, tuple(skipped)
+                    return None, -1, tuple(skipped), None
                 index = (index + 1) % len(self.dataset)
         path, reason = skipped[-1]
         raise CorruptSampleError(path, f"{reason} ({self.MAX_IN_A_ROW} unreadable images in a row)")
@@ -316,4 +333,5 @@ def build_loader(
         kwargs["sampler"] = train_sampler(len(dataset), plan, seed=seed, rank=rank, world_size=world_size)
     elif world_size > 1:
         kwargs["sampler"] = ShardSampler(len(dataset), rank, world_size)
-    return DataLoader(GuardedSamples(dataset, replace=train), generator=generator, collate_fn=collate, **kwargs)
+    samples = GuardedSamples(dataset, replace=train, timed=plan.stage_timings)
+    return DataLoader(samples, generator=generator, collate_fn=collate, **kwargs)

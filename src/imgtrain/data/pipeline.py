@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,28 @@ class RunData:
             sampler.set_epoch(epoch, start=samples_done // self.replicas)
 
 
+def use_tuned_workers(data: RunData, settings: Config, info: dist.DistInfo, device: torch.device, tuned: dict) -> None:
+    """Rebuild the training loader with the count `data.num_workers=tune` chose, and record the probe with its
+    arguments (loader_args.json is written again by `save_loader_args`)."""
+    plan = plan_loader(
+        dataclasses.replace(settings.data, num_workers=tuned["chosen"]),
+        train=True,
+        device_type=device.type,
+        world_size=info.world_size,
+        local_world_size=info.local_world_size,
+    )
+    shard = {"rank": info.rank, "world_size": info.world_size}
+    data.train = build_loader(data.bundle.train, plan, train=True, seed=settings.trainer.seed, **shard)
+    data.loader_args["train"] = plan.describe()
+    data.loader_args["tune"] = tuned
+
+
+def save_loader_args(data: RunData, info: dist.DistInfo, out_dir: Path) -> None:
+    """The effective loader arguments (and the tune probe, when one ran), by rank 0."""
+    if info.is_main:
+        write_json(out_dir / "loader_args.json", data.loader_args)
+
+
 def _format(args: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in args.items())
 
@@ -86,8 +109,6 @@ def build_data(
     gpu_decode = _check_gpu_decode(settings, device)
     train_plan, val_plan = plan_loaders(settings, device, info)
     loader_args = {"train": train_plan.describe(), "val": val_plan.describe()}
-    if info.is_main:
-        write_json(out_dir / "loader_args.json", loader_args)
     shard = {"rank": info.rank, "world_size": info.world_size}
     train_loader = build_loader(bundle.train, train_plan, train=True, seed=seed, **shard)
     val_loader = build_loader(bundle.val, val_plan, train=False, seed=seed, **shard)
@@ -117,5 +138,8 @@ def build_data(
         pinned=train_plan.kwargs["pin_memory"],
         prefetch=train_plan.prefetch_to_device and settings.mode != Mode.compute,
         gpu_decode=gpu_decode,
+        timed=settings.data.stage_timings,
     )
-    return RunData(bundle, train_loader, val_loader, loader_args, feed, settings.data)
+    data = RunData(bundle, train_loader, val_loader, loader_args, feed, settings.data)
+    save_loader_args(data, info, out_dir)
+    return data

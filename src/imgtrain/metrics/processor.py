@@ -23,6 +23,7 @@ from imgtrain.faults import Faults
 from imgtrain.host import available_cpus, write_json
 from imgtrain.metrics import report
 from imgtrain.metrics.monitor import ResourceMonitor
+from imgtrain.metrics.pipeline import PipelineMeter
 from imgtrain.metrics.tensorboard import MetricsLogger, hparam_metrics, hparams
 from imgtrain.metrics.windows import StepMeter
 
@@ -63,6 +64,7 @@ class Metrics:
         out_dir: Path,
         faults: Faults,
         also_agreeing: Sequence[Agreeing] = (),
+        pipeline: PipelineMeter | None = None,
     ):
         trainer = settings.trainer
         self.settings, self.device, self.info, self.faults = settings, device, info, faults
@@ -71,6 +73,7 @@ class Metrics:
         self.log_every, self.warmup_steps = trainer.log_every_n_steps, trainer.warmup_steps
         self.losses = settings.mode != Mode.loader  # mode=loader's stand-in model has no loss worth showing
         self.meter = StepMeter(trainer.warmup_steps)
+        self.pipeline = pipeline or PipelineMeter(workers=0)
         self.monitor = ResourceMonitor(device, trainer.monitor_interval_s)
         self.tb_dir = str(out_dir / "tb")
         self.tb: MetricsLogger | None = None
@@ -98,11 +101,14 @@ class Metrics:
         self.bar = report.progress_bar(steps, epoch, self.settings.trainer.progress_bar)
         self.sums.zero_()
         self.wait = 0.0
+        self.pipeline.discard_copies()
         self.meter.start_window()
 
-    def add_wait(self, seconds: float) -> None:
-        """Time the loop blocked waiting for a batch (the batch iterator calls this)."""
-        self.wait += seconds
+    def add_batch(self, wait: float, transfer: float, times: tuple) -> None:
+        """A batch the loop received after blocking `wait` s, `transfer` s of it after a worker had finished it,
+        with the stage times its worker stamped on it (the batch iterator calls this)."""
+        self.wait += wait
+        self.pipeline.add(wait, transfer, times)
 
     def step(self, step: int, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
         """Count one step; at a logging step, read everything back (one sync) and log."""
@@ -141,6 +147,8 @@ class Metrics:
         steady = window is not None and bool(self.meter.windows) and self.meter.windows[-1] is window
         if window is not None and not steady:
             self.monitor.reset_summary()  # a warm-up window just ended: resource means cover the steady state only
+        if window is not None:
+            values.update(self.pipeline.close_window(window.seconds, window.images, steady))
         perf = [window.images_per_sec, window.data_wait_frac, window.step_time_ms] if steady else [0.0] * 3
         self._exchange([*perf, values.get("gpu/util_pct", -1.0)])  # the window's one exchange, and its agreements
         merged = self.merged
@@ -170,7 +178,20 @@ class Metrics:
             start += len(values)
 
     # ------------------------------------------------------------------ the end of the run
-    def summary(self, progress: Any, precision: str, loader_args: dict, wall_time_s: float) -> dict[str, Any]:
+    def local_input_load(self) -> tuple[float | None, float]:
+        """This rank's steady-state data-wait share (None: not measured) and CPU cores its loading kept busy."""
+        steady = self.pipeline.steady
+        busy_cores = steady["busy"] / steady["seconds"] if steady["seconds"] else 0.0
+        return self.meter.summary()["data_wait_frac"], busy_cores
+
+    def summary(
+        self,
+        progress: Any,
+        precision: str,
+        loader_args: dict,
+        wall_time_s: float,
+        compute_images_per_sec: float | None = None,
+    ) -> dict[str, Any]:
         """The run's final figures, reduced over ranks (every rank must call it)."""
         self.faults.merge_unreadable()
         perf, resources = self.meter.summary(), self.monitor.summary()
@@ -201,6 +222,8 @@ class Metrics:
             "cpu_pct_mean": resources.get("cpu_pct_mean"),
             "proc_cpu_pct_mean": resources.get("proc_cpu_pct_mean"),
             "rss_peak_gb": resources.get("rss_peak_gb"),
+            "pipeline": self.pipeline.summary(compute_images_per_sec),
+            "tune": loader_args.get("tune"),
             "val_acc": val.get("val_acc"),
             "val_loss": val.get("val_loss"),
             "val_count": val.get("val_count"),
@@ -232,6 +255,7 @@ class Metrics:
     def finish(self, summary: dict[str, Any], path: Path) -> None:
         """Add the verdict; rank 0 writes metrics.json, the TensorBoard hparams and the console table."""
         summary["verdict"] = report.verdict(summary)
+        summary["pipeline"]["input_stage"] = report.bounding_stage(summary)
         if self.info.is_main:
             write_json(path, summary)
             self.tb.log_hparams(hparams(summary), hparam_metrics(summary))

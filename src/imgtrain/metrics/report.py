@@ -31,13 +31,80 @@ def suggest_next(summary: dict[str, Any]) -> str:
     return "fewer CPU cycles per image: pre-resized or smaller images, or decoding on the GPU"
 
 
+# Training below this share of the model's own rate (measured alone), while workers keep CPUs busy: contention.
+CONTENDED_RATE = 0.8
+# Below this share of their time busy, the workers are idle: the loop waits for something else.
+IDLE_WORKERS = 0.5
+# What addresses each stage when it bounds a run (the verdict names the stage, then these).
+STAGE_ADVICE = {
+    "read": "local disk or the page cache (copy the dataset off network storage), or packed shards (fewer, "
+    "larger files)",
+    "decode": "dataset.decode=cuda (nvJPEG), more workers, or a faster decoder (pre-resized images)",
+    "augment": "cheaper transforms, or augmenting on the GPU (data.device_resident=true for small datasets)",
+    "collate": "fewer bytes per batch (smaller images) or larger, fewer batches",
+    "transfer": "fewer bytes per batch (smaller images), larger batches, data.pin_memory=true",
+    "gpu_decode": "pre-resized JPEGs (fewer pixels to decode), or dataset.decode=cpu with more workers",
+    "idle": "a deeper prefetch (data.prefetch_factor=4) or less start-up (data.persistent_workers=true)",
+}
+WORKER_STAGES = ("read", "decode", "augment", "collate")
+
+
+def input_stage(pipeline: dict[str, Any] | None) -> str | None:
+    """The stage that bounds an input-bound run: transfer, idle workers, or the costliest per-image stage."""
+    if not pipeline or pipeline.get("worker_busy_frac") is None:
+        return None
+    if (pipeline.get("transfer_frac_of_wait") or 0.0) > 0.5:
+        return "transfer"  # the batches were ready: the wait was moving them to the loop
+    if pipeline["workers"] and pipeline["worker_busy_frac"] < IDLE_WORKERS:
+        return "idle"
+    per_image = pipeline["stage_ms_per_image"]
+    costs = {stage: per_image[stage] for stage in (*WORKER_STAGES, "gpu_decode") if per_image.get(stage)}
+    return max(costs, key=costs.get) if costs else None
+
+
+def _stage_words(stage: str, pipeline: dict[str, Any]) -> str:
+    if stage == "idle":
+        return f"the workers are busy only {pipeline['worker_busy_frac']:.0%} of the time yet the loop waits"
+    if stage == "transfer":
+        return f"{pipeline['transfer_frac_of_wait']:.0%} of the wait comes after a worker finished the batch"
+    per_image = pipeline["stage_ms_per_image"]
+    total = sum(per_image.get(s) or 0.0 for s in (*WORKER_STAGES, "gpu_decode"))
+    return f"{stage} takes the most input time ({per_image[stage]:.2f} of {total:.2f} ms per image)"
+
+
+def contention(summary: dict[str, Any]) -> str | None:
+    """Training far below the model's own rate while the workers keep the CPUs busy: name the stage that takes them."""
+    pipeline = summary.get("pipeline") or {}
+    compute, rate = pipeline.get("compute_images_per_sec"), summary.get("images_per_sec_per_process")
+    if not compute or not rate or rate >= CONTENDED_RATE * compute or (pipeline.get("worker_busy_cores") or 0) < 0.25:
+        return None
+    per_image = pipeline["stage_ms_per_image"]
+    stage = max((s for s in WORKER_STAGES if per_image.get(s)), key=lambda s: per_image[s], default="decode")
+    fewer = f"data.num_workers={max(0, pipeline['workers'] - 1)}, " if pipeline["workers"] > 1 else ""
+    return (
+        f"CPU-contended: training ran at {rate:.1f} images/s, {rate / compute:.0%} of the model's own rate "
+        f"({compute:.1f} images/s with the workers idle), while loading kept {pipeline['worker_busy_cores']:.1f} of "
+        f"{summary['cpu_count']} CPUs busy, most of it in {stage} ({per_image[stage]:.2f} ms per image); "
+        f"try {fewer}or take {stage} off these CPUs: {STAGE_ADVICE[stage]}"
+    )
+
+
 def verdict(summary: dict[str, Any]) -> str:
-    """Input-bound or compute-bound, from the share of step time spent waiting for data."""
+    """Input-bound (naming the stage), CPU-contended, or compute-bound."""
     wait = summary["data_wait_frac"]
     if summary["mode"] != "train" or wait is None:
         return ""
+    pipeline = summary.get("pipeline")
     if wait > INPUT_BOUND_WAIT:
-        return f"input-bound: {wait:.0%} of step time waits for data; try {suggest_next(summary)}"
+        stage = input_stage(pipeline)
+        if stage is None:
+            return f"input-bound: {wait:.0%} of step time waits for data; try {suggest_next(summary)}"
+        more = suggest_next(summary) if stage in ("read", "decode", "augment") else None
+        advice = STAGE_ADVICE[stage] if more is None or "num_workers" not in more else f"{more}, {STAGE_ADVICE[stage]}"
+        return f"input-bound: {wait:.0%} of step time waits for data; {_stage_words(stage, pipeline)}: try {advice}"
+    contended = contention(summary)
+    if contended:
+        return contended
     return f"compute-bound: only {wait:.0%} of step time waits for data; more loader workers will not help"
 
 
@@ -64,6 +131,8 @@ def print_table(summary: dict[str, Any]) -> None:
         ("data wait (share of step)", _fmt(summary["data_wait_frac"], ".1%")),
         ("step time (ms)", _fmt(summary["step_time_ms"], ".1f")),
         ("verdict", summary.get("verdict") or "n/a"),
+        ("input stages (ms per image)", stages_line(summary.get("pipeline"))),
+        ("loading busy", busy_line(summary.get("pipeline"))),
         ("GPU util (mean %)", _fmt(summary["gpu_util_mean"], ".1f")),
         ("CPU (mean % of system)", _fmt(summary["cpu_pct_mean"], ".1f")),
         ("RSS peak incl. workers (GB)", _fmt(summary["rss_peak_gb"], ".2f")),
@@ -81,6 +150,28 @@ def print_table(summary: dict[str, Any]) -> None:
     width = max(len(name) for name, _ in rows)
     lines = [f"  {name.ljust(width)}  {value}" for name, value in rows]
     print("\n".join(["", "Run summary", *lines, ""]), flush=True)
+
+
+def stages_line(pipeline: dict[str, Any] | None) -> str:
+    """`read 0.05  decode 0.40 ...`: each measured stage's milliseconds per image, workers' stages first."""
+    per_image = (pipeline or {}).get("stage_ms_per_image") or {}
+    shown = [f"{stage} {value:.3f}" for stage, value in per_image.items() if value is not None]
+    return "  ".join(shown) if shown else "n/a (no timed batches: data.stage_timings=false or no DataLoader)"
+
+
+def busy_line(pipeline: dict[str, Any] | None) -> str:
+    """How busy the loading processes were: busy time over wall time x workers."""
+    if not pipeline or pipeline.get("worker_busy_frac") is None:
+        return "n/a"
+    workers = pipeline["workers"]
+    who = f"{workers} worker(s)" if workers else "the training process (num_workers=0)"
+    return f"{pipeline['worker_busy_frac']:.0%} of {who}, {pipeline['worker_busy_cores']:.2f} CPU cores"
+
+
+def bounding_stage(summary: dict[str, Any]) -> str | None:
+    """The input stage named by the verdict of an input-bound run (None otherwise)."""
+    wait = summary.get("data_wait_frac")
+    return input_stage(summary.get("pipeline")) if wait is not None and wait > INPUT_BOUND_WAIT else None
 
 
 def progress_bar(total: int, epoch: int, setting: Any) -> tqdm:

@@ -1,0 +1,183 @@
+"""The input pipeline's stage breakdown: the clocks in the workers, the transfer split, the meter, the verdict
+that names a stage (or CPU contention), and `data.num_workers=tune`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import FAST, compose_cfg, read_metrics
+from torch.utils.data import Dataset
+
+from imgtrain import dist, tune
+from imgtrain.config import validate
+from imgtrain.data import stages
+from imgtrain.data.datasets import build_shapes
+from imgtrain.data.feed import Feed
+from imgtrain.data.loader import GuardedSamples, collate
+from imgtrain.metrics import report
+from imgtrain.metrics.pipeline import PipelineMeter
+from imgtrain.run import run
+
+
+def test_a_sample_records_read_decode_and_augment_and_a_batch_sums_them(tmp_path: Path) -> None:
+    bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, True, str(tmp_path), 20, 10, 0)
+    samples = GuardedSamples(bundle.train)
+    items = [samples[i] for i in range(4)]
+    assert all(times is not None and min(times) > 0 for *_, times in items)
+    for *_, (read, decode, augment, total) in items:
+        assert read + decode + augment <= total  # the stages are parts of the sample's own time
+    batch = collate(items)
+    times = batch.times
+    assert times.samples == 4 and times.collate > 0
+    assert times.read == pytest.approx(sum(t[3][0] for t in items))
+    assert times.busy == pytest.approx(sum(t[3][3] for t in items) + times.collate)
+    assert abs(times.finished - time.perf_counter()) < 5  # the monotonic clock every process shares
+    untimed = GuardedSamples(bundle.train, timed=False)
+    assert collate([untimed[0], untimed[1]]).times == ()
+
+
+class Plain(Dataset):
+    """A Dataset of someone's own that records no stages: its whole __getitem__ counts as decode."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int):
+        time.sleep(0.002)
+        return torch.zeros(3, 4, 4, dtype=torch.uint8), 0
+
+
+def test_a_dataset_that_records_nothing_counts_as_decode() -> None:
+    *_, (read, decode, augment, total) = GuardedSamples(Plain())[0]
+    assert read == 0 and augment == 0 and decode == total >= 0.002
+
+
+def test_transfer_is_the_part_of_the_wait_after_the_batch_was_finished() -> None:
+    times = stages.BatchTimes(finished=10.0)
+    assert stages.transfer_seconds(times, wait_started=9.0, received=10.5) == pytest.approx(0.5)  # worker busy
+    assert stages.transfer_seconds(times, wait_started=11.0, received=11.2) == pytest.approx(0.2)  # ready before
+    assert stages.transfer_seconds((), 0.0, 1.0) == 0.0  # untimed batches
+
+
+def _meter_with(batches: int, workers: int, seconds: float, wait: float, transfer: float) -> dict:
+    meter = PipelineMeter(workers)
+    for _ in range(batches):
+        times = stages.BatchTimes(read=0.008, decode=0.032, augment=0.016, collate=0.004, busy=0.06, samples=8)
+        meter.add(wait, transfer, times)
+    values = meter.close_window(seconds, 8 * batches, steady=True)
+    return values | {"summary": meter.summary()}
+
+
+def test_the_meter_reports_per_image_stages_and_how_busy_the_workers_were() -> None:
+    out = _meter_with(batches=10, workers=2, seconds=1.0, wait=0.02, transfer=0.005)
+    assert out["pipeline/decode_ms_per_image"] == pytest.approx(4.0)  # 32 ms per batch of 8
+    assert out["pipeline/collate_ms_per_batch"] == pytest.approx(4.0)
+    assert out["pipeline/worker_busy_frac"] == pytest.approx(0.3)  # 0.6 s busy over 1 s x 2 workers
+    assert out["pipeline/transfer_frac_of_wait"] == pytest.approx(0.25)
+    summary = out["summary"]
+    per_image = summary["stage_ms_per_image"]
+    assert per_image["read"] == pytest.approx(1.0) and per_image["augment"] == pytest.approx(2.0)
+    assert per_image["collate"] == pytest.approx(0.5) and per_image["transfer"] == pytest.approx(0.625)
+    assert per_image["h2d"] is None and per_image["gpu_decode"] is None  # no copy on a CPU device
+    assert summary["worker_busy_cores"] == pytest.approx(0.6)
+
+
+def _summary(wait: float, per_image: dict, *, busy: float = 0.9, transfer: float = 0.1, **extra) -> dict:
+    stage_ms = dict.fromkeys(stages.STAGES) | per_image
+    pipeline = {"stage_ms_per_image": stage_ms, "worker_busy_frac": busy, "worker_busy_cores": busy * 4}
+    pipeline |= {"transfer_frac_of_wait": transfer, "workers": 4, "compute_images_per_sec": None}
+    pipeline |= extra.pop("pipeline", {})
+    loader = {"num_workers": 4, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 2}
+    summary = {"mode": "train", "data_wait_frac": wait, "loader": loader, "world_size": 1, "local_world_size": 1}
+    return summary | {"cpu_count": 8, "device": "cuda:0", "pipeline": pipeline} | extra
+
+
+@pytest.mark.parametrize(
+    ("per_image", "busy", "transfer", "stage", "advice"),
+    [
+        ({"read": 0.1, "decode": 2.0, "augment": 0.5}, 0.9, 0.1, "decode", "dataset.decode=cuda"),
+        ({"read": 3.0, "decode": 1.0, "augment": 0.5}, 0.9, 0.1, "read", "page cache"),
+        ({"read": 0.1, "decode": 0.5, "augment": 2.0}, 0.9, 0.1, "augment", "augmenting on the GPU"),
+        ({"read": 0.1, "decode": 0.5, "augment": 0.2}, 0.9, 0.8, "transfer", "larger batches"),
+        ({"read": 0.1, "decode": 0.5, "augment": 0.2}, 0.2, 0.1, "idle", "data.prefetch_factor"),
+    ],
+)
+def test_an_input_bound_verdict_names_the_stage_and_what_addresses_it(per_image, busy, transfer, stage, advice):
+    summary = _summary(0.4, per_image, busy=busy, transfer=transfer)
+    verdict = report.verdict(summary)
+    assert verdict.startswith("input-bound: 40% of step time waits for data")
+    assert report.bounding_stage(summary) == stage and advice in verdict
+    assert ("takes the most input time" in verdict) == (stage not in ("transfer", "idle"))
+
+
+def test_workers_taking_the_cpus_the_model_needs_is_not_called_compute_bound() -> None:
+    per_image = {"read": 0.1, "decode": 3.0, "augment": 0.5}
+    contended = _summary(0.02, per_image, pipeline={"compute_images_per_sec": 400.0}, images_per_sec_per_process=180.0)
+    verdict = report.verdict(contended)
+    assert verdict.startswith("CPU-contended: training ran at 180.0 images/s, 45% of the model's own rate")
+    assert "most of it in decode (3.00 ms per image)" in verdict and "data.num_workers=3" in verdict
+    fine = _summary(0.02, per_image, pipeline={"compute_images_per_sec": 200.0}, images_per_sec_per_process=190.0)
+    assert report.verdict(fine).startswith("compute-bound")
+
+
+def test_the_compute_probe_runs_when_loading_and_training_ask_for_more_cpus_than_there_are(monkeypatch) -> None:
+    monkeypatch.setattr(tune, "available_cpus", lambda: 4)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert tune.contention_plausible("auto", 0.01, busy_cores=3.5, workers=3, device=cuda)  # 3.5 + 1 > 4
+    assert not tune.contention_plausible("auto", 0.01, busy_cores=2.0, workers=3, device=cuda)
+    assert not tune.contention_plausible("auto", 0.5, busy_cores=3.5, workers=3, device=cuda)  # input-bound
+    assert not tune.contention_plausible("auto", 0.01, busy_cores=3.5, workers=0, device=cpu)
+    assert tune.contention_plausible(True, None, 0.0, 0, cpu) and not tune.contention_plausible(False, 0.0, 9, 9, cpu)
+
+
+def test_tune_keeps_the_fewest_workers_comfortably_ahead_else_the_fastest() -> None:
+    table = [{"num_workers": w, "images_per_sec": r} for w, r in [(0, 90.0), (1, 130.0), (2, 260.0), (4, 270.0)]]
+    assert tune.choose(table, compute=100.0)[0] == 1  # 130 >= 1.25 x 100
+    assert tune.choose(table, compute=200.0)[0] == 2
+    chosen, reason = tune.choose(table, compute=1000.0)
+    assert chosen == 4 and "the run will be input-bound" in reason
+    assert tune.worker_counts(16) == [0, 1, 2, 4, 8, 15, 16] and tune.worker_counts(2) == [0, 1, 2]
+
+
+class Images(Dataset):
+    """In-memory images; with `delay`, each sample sleeps like a slow decode."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay, self.transform = delay, None
+
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, index: int):
+        time.sleep(self.delay)
+        return torch.zeros(3, 8, 8, dtype=torch.uint8), index % 10
+
+
+@pytest.mark.slow  # 6 probes of about a second each
+def test_a_slow_dataset_makes_tune_choose_more_workers_than_a_fast_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tune, "available_cpus", lambda: 2)
+    settings = validate(compose_cfg(*FAST, "data.batch_size=8", "data.tune_budget_s=4"))
+    feed = Feed(torch.device("cpu"), torch.zeros(1, 3, 1, 1), torch.ones(1, 3, 1, 1), torch.contiguous_format, False)
+    info = dist.DistInfo(rank=0, local_rank=0, world_size=1, local_world_size=1)
+    model_rate = lambda seconds: 300.0  # noqa: E731 - images/s: 10 ms per image is far too slow for it
+    slow = tune.tune_workers(Images(0.01), settings, feed, info, model_rate)
+    fast = tune.tune_workers(Images(0.0), settings, feed, info, model_rate)
+    assert [row["num_workers"] for row in slow["table"]] == [0, 1, 2]
+    assert fast["chosen"] == 0 and fast["table"][0]["images_per_sec"] > 375  # ahead without workers
+    rates = [row["images_per_sec"] for row in slow["table"]]
+    assert slow["chosen"] == 2 and rates[2] > 1.5 * rates[0], rates  # sleeping workers overlap: ~2x
+
+
+@pytest.mark.slow
+def test_a_tuned_run_records_its_probe_and_trains_with_the_choice(tmp_path: Path, data_dir: Path) -> None:
+    run(compose_cfg(*FAST, "data.num_workers=tune", "data.tune_budget_s=3", output_dir=str(tmp_path)))
+    metrics = read_metrics(tmp_path)
+    tuned = metrics["tune"]
+    assert [row["num_workers"] for row in tuned["table"]][0] == 0 and tuned["compute_images_per_sec"] > 0
+    assert metrics["loader"]["num_workers"] == tuned["chosen"]
+    saved = (tmp_path / "loader_args.json").read_text()
+    assert '"tune"' in saved and f'"num_workers": {tuned["chosen"]}' in saved
+    assert metrics["pipeline"]["compute_images_per_sec"] == tuned["compute_images_per_sec"]
