@@ -191,3 +191,158 @@ def test_the_plot_is_drawn_for_one_window_and_for_a_job_without_a_figure(tmp_pat
     best = build_report(tmp_path)
     assert best["job"] == "0"
     assert (tmp_path / "sweep_summary.png").stat().st_size > 0
+
+
+def _stages(read: float, decode: float, h2d: float | None = None) -> dict:
+    times = {"read": read, "decode": decode, "augment": 0.2, "collate": 0.01, "transfer": 0.02}
+    return {**times, "h2d": h2d, "gpu_decode": None}
+
+
+def _fake_job(sweep: Path, num: int, overrides: list[str], metrics: dict | None, **extra) -> None:
+    """A job folder as a sweep leaves it: overrides, and metrics.json (a finished job) or failed.json."""
+    folder = sweep / str(num)
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    if metrics is None:
+        (folder / "failed.json").write_text(json.dumps({"status": "failed", "error": "DataLoader worker killed"}))
+        return
+    windows = metrics.pop("windows", [])
+    rate = metrics.pop("rate", None)
+    median = sorted(windows)[len(windows) // 2] if windows else None
+    figures = {"images_per_sec": rate, "images_per_sec_median": median, "images_per_sec_windows": windows}
+    figures.update({"data_wait_frac": 0.1 if rate else None, "mode": "train", "rss_peak_gb": 1.0})
+    (folder / "metrics.json").write_text(json.dumps({**figures, **metrics, **extra}))
+
+
+def _mixed_sweep(sweep: Path) -> None:
+    """Two jobs with stage times and tune probes, a failed job, one without figures, an older one-window job,
+    and the two ceiling modes."""
+    pipeline0 = {"stage_ms_per_image": _stages(0.05, 0.4), "worker_busy_frac": 0.8, "input_stage": "decode"}
+    pipeline1 = {"stage_ms_per_image": _stages(0.06, 0.3, h2d=0.03), "worker_busy_frac": 0.5, "input_stage": None}
+    tune0 = {"table": [{"num_workers": 0, "images_per_sec": 80.0}, {"num_workers": 1, "images_per_sec": 150.0}]}
+    tune1 = {"table": [{"num_workers": 1, "images_per_sec": 170.0}], "compute_images_per_sec": 125.0, "chosen": 1}
+    _fake_job(
+        sweep,
+        0,
+        ["data.num_workers=0"],
+        {"rate": 80.0, "windows": [78.0, 80.0, 82.0], "pipeline": {**pipeline0, "compute_images_per_sec": 150.0}},
+        tune={**tune0, "compute_images_per_sec": 120.0, "chosen": 1, "reason": "fastest"},
+        pss_peak_gb=0.9,
+    )
+    job1 = {"rate": 140.0, "windows": [139.0, 141.0, 140.0], "pipeline": pipeline1}
+    _fake_job(sweep, 1, ["data.num_workers=1"], job1, tune=tune1)
+    _fake_job(sweep, 2, ["data.num_workers=2"], None)  # failed
+    too_short = {"tune": None, "pipeline": None, "images_per_sec_note": "not measured: no steady-state window closed"}
+    _fake_job(sweep, 3, ["data.num_workers=3"], too_short)
+    _fake_job(sweep, 4, ["data.num_workers=4"], {"rate": 100.0, "windows": [100.0]})  # older: no pipeline
+    _fake_job(sweep, 5, ["data.num_workers=5", "mode=loader"], {"rate": 300.0, "windows": [300.0], "mode": "loader"})
+    _fake_job(sweep, 6, ["data.num_workers=6", "mode=compute"], {"rate": 900.0, "windows": [900.0], "mode": "compute"})
+
+
+def _drawn(sweep: Path):
+    from imgtrain.sweep_plot import plot
+    from imgtrain.sweep_report import collect
+
+    rows, swept = collect(sweep)
+    best = rank(rows)
+    return best, plot(None, rows, swept, best)  # drawn, not saved: saving is what build_report tests
+
+
+def test_the_plot_stars_the_fastest_job_and_draws_every_ceiling(tmp_path: Path) -> None:
+    from imgtrain.sweep_report import build_report
+
+    _mixed_sweep(tmp_path)
+    assert build_report(tmp_path)["job"] == "1"
+    with Image.open(tmp_path / "sweep_summary.png") as image:
+        assert image.format == "PNG"
+    best, fig = _drawn(tmp_path)
+    rate_ax = next(ax for ax in fig.axes if ax.get_title() == "Throughput")
+    (star,) = [line for line in rate_ax.get_lines() if line.get_gid() == "fastest"]
+    assert list(star.get_xdata()) == [1.0] and list(star.get_ydata()) == [140.0] and star.get_marker() == "*"
+    assert any("fastest: job 1" in text.get_text() and "140.0 images/s" in text.get_text() for text in rate_ax.texts)
+    ceilings = sorted(line.get_ydata()[0] for line in rate_ax.get_lines() if line.get_gid() == "ceiling")
+    # mode=loader 300, mode=compute 900, the best tune table entry 170, tune compute 125, the run's compute 150
+    assert ceilings == [125.0, 150.0, 170.0, 300.0, 900.0]
+    labels = [text.get_text() for text in rate_ax.get_legend().get_texts()]
+    assert "loader ceiling (tune probe, best of 2 jobs): 170.0 images/s" in labels
+    assert "compute ceiling (mode=compute): 900.0 images/s" in labels
+    figures = {text.get_text() for text in rate_ax.texts} - {"fastest: job 1\n140.0 images/s overall"}
+    assert {"125.0", "300.0", "900.0"} <= figures <= {"125.0", "150.0", "170.0", "300.0", "900.0"}
+
+
+def test_the_stage_panel_stacks_each_measured_stage_per_job(tmp_path: Path) -> None:
+    _mixed_sweep(tmp_path)
+    _, fig = _drawn(tmp_path)
+    (stage_ax,) = [ax for ax in fig.axes if ax.get_ylabel() == "ms per image"]
+    assert "workers, summed over workers" in stage_ax.get_title()
+    assert [label.get_text().split("\n")[0] for label in stage_ax.get_xticklabels()] == ["job 0", "job 1"]
+    bars = {container.get_label(): container.patches for container in stage_ax.containers}
+    assert list(bars) == ["read", "decode", "augment", "collate", "transfer", "h2d"]  # gpu_decode never measured
+    heights = {stage: [round(p.get_height(), 6) for p in patches] for stage, patches in bars.items()}
+    assert heights["read"] == [0.05, 0.06] and heights["decode"] == [0.4, 0.3] and heights["h2d"] == [0.0, 0.03]
+    assert bars["decode"][1].get_y() == pytest.approx(0.06)  # stacked on read
+    assert bars["h2d"][1].get_y() == pytest.approx(0.06 + 0.3 + 0.2 + 0.01 + 0.02)
+
+
+def test_the_plot_survives_sweeps_without_stage_times_or_figures(tmp_path: Path) -> None:
+    from imgtrain.sweep_report import build_report
+
+    for name, jobs in {
+        "old": [{"rate": 90.0, "windows": [90.0]}, {"rate": 95.0, "windows": [94.0, 96.0]}],
+        "none": [{}, None],  # a job without figures and a failed one: no fastest job
+        "mode": [{"rate": 50.0, "windows": [50.0], "mode": "loader"}],  # only a ceiling mode
+    }.items():
+        sweep = tmp_path / name
+        for num, metrics in enumerate(jobs):
+            _fake_job(
+                sweep, num, [f"mode={'loader' if name == 'mode' else 'train'}", f"data.num_workers={num}"], metrics
+            )
+        best = build_report(sweep)
+        assert (sweep / "sweep_summary.png").stat().st_size > 0
+        _, fig = _drawn(sweep)
+        assert len(fig.axes) == 2  # no stage panel
+        stars = [line for ax in fig.axes for line in ax.get_lines() if line.get_gid() == "fastest"]
+        assert len(stars) == (0 if best is None else 1)
+        assert (best is None) == (name == "none")
+
+
+def test_the_table_gains_pipeline_columns_only_when_measured(tmp_path: Path) -> None:
+    from imgtrain.sweep_report import build_report, collect, table
+
+    _mixed_sweep(tmp_path / "new")
+    build_report(tmp_path / "new")
+    rows = _csv_rows(tmp_path / "new")
+    assert [row["read_ms"] for row in rows] == ["0.050", "0.060", "", "", "", "", ""]
+    assert [row["decode_ms"] for row in rows[:2]] == ["0.400", "0.300"]
+    assert [row["h2d_ms"] for row in rows[:2]] == ["", "0.030"]
+    assert [row["input_stage"] for row in rows[:2]] == ["decode", ""]
+    assert [row["worker_busy_frac"] for row in rows[:2]] == ["0.800", "0.500"]
+    assert [row["pss_peak_gb"] for row in rows[:2]] == ["0.900", ""]
+    assert [row["tune_chosen"] for row in rows[:2]] == ["1", "1"]
+    assert "gpu_decode_ms" not in rows[0]  # empty in every row
+    assert "| decode_ms |" in (tmp_path / "new" / "sweep_summary.md").read_text()
+    assert rows[3]["reason"] == "not measured: no steady-state window closed"  # an ok job without a figure
+    _fake_job(tmp_path / "old", 0, ["data.num_workers=0"], {"rate": 90.0, "windows": [90.0]})
+    header, _ = table(*collect(tmp_path / "old"))
+    assert "images_per_sec" in header
+    assert not {"read_ms", "input_stage", "pss_peak_gb", "tune_chosen", "ran_on"} & set(header)
+
+
+def test_the_report_says_what_the_jobs_ran_on(tmp_path: Path) -> None:
+    from imgtrain.sweep_report import build_report
+
+    env = {"hostname": "node1", "gpu_name": "NVIDIA H100", "cuda": "12.4", "torch": "2.5.1", "cpus_available": 16}
+    for name, second in {"same": env, "moved": {**env, "hostname": "node2", "cpus_available": 8}}.items():
+        sweep = tmp_path / name
+        _fake_job(sweep, 0, ["data.num_workers=0"], {"rate": 90.0, "windows": [90.0]}, environment=env)
+        _fake_job(sweep, 1, ["data.num_workers=1"], {"rate": 95.0, "windows": [95.0]}, environment=second)
+        _fake_job(sweep, 2, ["data.num_workers=2"], None)  # failed: no environment, not a difference
+        build_report(sweep)
+        markdown = (sweep / "sweep_summary.md").read_text()
+        assert "Ran on: host node1, NVIDIA H100, CUDA 12.4, torch 2.5.1, 16 CPUs available" in markdown
+        warned = "ran on different machines (hostname: node1, node2; cpus_available: 16, 8)" in markdown
+        assert warned == (name == "moved")
+        assert ("ran_on" in _csv_rows(sweep)[0]) == (name == "moved")
+    assert (
+        _csv_rows(tmp_path / "moved")[1]["ran_on"] == "hostname=node2 gpu_name=NVIDIA H100 torch=2.5.1 cpus_available=8"
+    )

@@ -18,6 +18,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from imgtrain.dist import global_rank
+from imgtrain.sweep_plot import STAGES, describe, plot
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,16 @@ METRIC_COLUMNS = (
     "rss_peak_gb",
     "val_acc",
 )
+# From `pss_peak_gb`, `pipeline` and `tune` in metrics.json (newer runs only): a column empty in every row is left out.
+OPTIONAL_COLUMNS = (
+    "pss_peak_gb",
+    "input_stage",
+    "worker_busy_frac",
+    *(f"{stage}_ms" for stage in STAGES),  # ms per image (worker stages: CPU time summed over workers)
+    "tune_chosen",
+)
+# The `environment` keys that make two jobs' figures not comparable when they differ.
+MACHINE_KEYS = ("hostname", "gpu_name", "torch", "cpus_available")
 # A job whose middle half of window throughputs spans more than this share of its median is too noisy to rank.
 NOISY_SPREAD = 0.15
 
@@ -49,23 +60,43 @@ def _quartiles(values: list[float]) -> tuple[float | None, float | None]:
     return q[0], q[2]
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _optional(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The optional columns' values (None when missing) and the dicts the plot and the environment lines read."""
+    pipeline, tune = _dict(metrics.get("pipeline")), _dict(metrics.get("tune"))
+    stages = _dict(pipeline.get("stage_ms_per_image"))
+    values = {
+        "pss_peak_gb": metrics.get("pss_peak_gb"),
+        "input_stage": pipeline.get("input_stage"),
+        "worker_busy_frac": pipeline.get("worker_busy_frac"),
+        "tune_chosen": tune.get("chosen"),
+        **{f"{stage}_ms": stages.get(stage) for stage in STAGES},
+    }
+    return {**values, "pipeline": pipeline, "tune": tune, "environment": _dict(metrics.get("environment"))}
+
+
 def read_job(job_dir: Path) -> dict[str, Any]:
     """One row: the job's overrides, its status, and its figures (empty when it failed)."""
     row: dict[str, Any] = {"job": job_dir.name, "overrides": _overrides(job_dir)}
     metrics_path, failed_path = job_dir / "metrics.json", job_dir / "failed.json"
     if metrics_path.exists():
         metrics = json.loads(metrics_path.read_text())
-        row["status"], row["reason"] = "ok", ""
+        row["status"], row["reason"] = "ok", metrics.get("images_per_sec_note") or ""  # why a figure is missing
         row.update({key: metrics.get(key) for key in METRIC_COLUMNS})
         row["images_per_sec_p25"], row["images_per_sec_p75"] = _quartiles(metrics.get("images_per_sec_windows") or [])
         row["verdict"] = metrics.get("verdict", "")
         row["mode"] = metrics.get("mode", "train")
+        row.update(_optional(metrics))
     else:
         reason = "no metrics.json: the job was killed or crashed before it finished"
         if failed_path.exists():
             reason = json.loads(failed_path.read_text()).get("error", reason)
         row["status"], row["reason"], row["verdict"], row["mode"] = "failed", reason, "", ""
         row.update({key: None for key in METRIC_COLUMNS})
+        row.update(_optional({}))
     return row
 
 
@@ -109,15 +140,60 @@ def _cell(value: Any) -> str:
 
 
 def table(rows: list[dict[str, Any]], swept: list[str]) -> tuple[list[str], list[list[str]]]:
-    """Header and cells shared by the CSV and the markdown table."""
-    header = ["job", *swept, "status", *METRIC_COLUMNS, "verdict", "confidence", "reason"]
+    """Header and cells shared by the CSV and the markdown table (`ran_on` only when the machines differ)."""
+    optional = [k for k in OPTIONAL_COLUMNS if any(row.get(k) is not None for row in rows)]
+    machine = ["ran_on"] if machine_differences(rows) else []
+    header = ["job", *swept, *machine, "status", *METRIC_COLUMNS, *optional, "verdict", "confidence", "reason"]
     cells = [
-        [row["job"], *[row["overrides"].get(k, "") for k in swept], row["status"]]
-        + [_cell(row[k]) for k in METRIC_COLUMNS]
+        [row["job"], *[row["overrides"].get(k, "") for k in swept]]
+        + [_machine(row) for _ in machine]
+        + [row["status"], *[_cell(row[k]) for k in (*METRIC_COLUMNS, *optional)]]
         + [row.get("verdict", ""), row.get("confidence", ""), row["reason"]]
         for row in rows
     ]
     return header, cells
+
+
+def ran_on(environment: dict[str, Any]) -> str:
+    """The machine and versions a job ran on, in words (every key optional)."""
+    env = {k: v for k, v in environment.items() if v not in (None, "")}
+    parts = [
+        f"host {env['hostname']}" if "hostname" in env else "",
+        str(env.get("gpu_name", "")),
+        f"CUDA {env['cuda']}" if "cuda" in env else "",
+        f"driver {env['driver']}" if "driver" in env else "",
+        f"torch {env['torch']}" if "torch" in env else "",
+        f"torchvision {env['torchvision']}" if "torchvision" in env else "",
+        f"{env['cpus_available']} CPUs available" if "cpus_available" in env else "",
+    ]
+    return ", ".join(part for part in parts if part)
+
+
+def machine_differences(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The machine keys whose values differ between the finished jobs that recorded an environment."""
+    envs = [row["environment"] for row in rows if row["status"] == "ok" and row.get("environment")]
+    differences = {}
+    for key in MACHINE_KEYS:
+        values = list(dict.fromkeys(str(env.get(key)) for env in envs))
+        if len(values) > 1:
+            differences[key] = values
+    return differences
+
+
+def _machine(row: dict[str, Any]) -> str:
+    env = row.get("environment") or {}
+    return " ".join(f"{key}={env[key]}" for key in MACHINE_KEYS if env.get(key) is not None)
+
+
+def machine_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The line "Ran on: ..." (the first finished job's environment) and a warning when the machines differ."""
+    first = next((row["environment"] for row in rows if row["status"] == "ok" and row.get("environment")), None)
+    lines = [f"Ran on: {ran_on(first)}"] if first and ran_on(first) else []
+    differences = machine_differences(rows)
+    if differences:
+        what = "; ".join(f"{key}: {', '.join(values)}" for key, values in differences.items())
+        lines.append(f"Warning: the jobs ran on different machines ({what}): the comparison is not like for like.")
+    return lines
 
 
 def write_reports(sweep_dir: Path, rows: list[dict[str, Any]], swept: list[str], best: dict | None) -> None:
@@ -130,69 +206,18 @@ def write_reports(sweep_dir: Path, rows: list[dict[str, Any]], swept: list[str],
     if ceilings(rows):
         lines += ["", ceilings(rows)]
     if best is not None:
-        lines += ["", f"Fastest: job {best['job']} ({_describe(best, swept)}), {best['images_per_sec']:.1f} images/s."]
+        lines += ["", f"Fastest: job {best['job']} ({describe(best, swept)}), {best['images_per_sec']:.1f} images/s."]
         lines += [f"Reproduce: `{reproduce_command(best)}`"]
+    if machine_lines(rows):
+        lines += ["", *machine_lines(rows)]
     (sweep_dir / "sweep_summary.md").write_text("\n".join(lines) + "\n")
-    plot(sweep_dir / "sweep_summary.png", rows, swept)
-
-
-def _describe(row: dict[str, Any], swept: list[str]) -> str:
-    return " ".join(f"{k}={row['overrides'].get(k, '')}" for k in swept)
+    plot(sweep_dir / "sweep_summary.png", rows, swept, best)
 
 
 def reproduce_command(row: dict[str, Any]) -> str:
     """A single-run command with the job's settings (a search's own config group left out)."""
     kept = (f"{k}={v}" for k, v in row["overrides"].items() if k != "hparams_search")
     return " ".join(["python train.py", *kept])
-
-
-def _as_number(value: str) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def plot(path: Path, rows: list[dict[str, Any]], swept: list[str]) -> None:
-    """Throughput (median, with the middle half of windows) and data wait against the first swept key."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display needed
-    import matplotlib.pyplot as plt
-
-    x_key, series_keys = (swept[0], swept[1:]) if swept else ("job", [])
-    fig, (ax_rate, ax_wait) = plt.subplots(1, 2, figsize=(11, 4.2))
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        if row["status"] == "ok" and (row["images_per_sec_median"] or row["images_per_sec"]):  # n/a: not plotted
-            groups.setdefault(_describe(row, series_keys) or "all jobs", []).append(row)
-    for label, members in groups.items():
-        xs_raw = [row["overrides"].get(x_key, row["job"]) for row in members]
-        numeric = all(_as_number(x) is not None for x in xs_raw)
-        xs = [_as_number(x) if numeric else str(x) for x in xs_raw]
-        order = sorted(range(len(xs)), key=lambda i: xs[i]) if numeric else range(len(xs))
-        xs = [xs[i] for i in order]
-        members = [members[i] for i in order]
-        rates = [row["images_per_sec_median"] or row["images_per_sec"] for row in members]
-        # Clamped at 0: the quartiles come from metrics.json's windows, rounded to 0.01 img/s, the median from the
-        # unrounded ones; with one window the rounding alone made a negative bar and matplotlib refused the plot.
-        low = [max(0.0, rate - (row["images_per_sec_p25"] or rate)) for rate, row in zip(rates, members, strict=True)]
-        high = [max(0.0, (row["images_per_sec_p75"] or rate) - rate) for rate, row in zip(rates, members, strict=True)]
-        ax_rate.errorbar(xs, rates, yerr=[low, high], marker="o", capsize=3, label=label)
-        ax_wait.plot(xs, [100 * (row["data_wait_frac"] or 0) for row in members], marker="o", label=label)
-    ax_rate.set(xlabel=x_key, ylabel="images/s (median of windows)", title="Throughput")
-    ax_wait.set(xlabel=x_key, ylabel="% of step time waiting for data", title="Data wait")
-    ax_wait.set_ylim(bottom=0)
-    xs_all = [_as_number(row["overrides"].get(x_key)) for row in rows if row["status"] == "ok"]
-    for ax in (ax_rate, ax_wait):
-        if xs_all and all(x is not None for x in xs_all):
-            ax.set_xticks(sorted(set(xs_all)))
-        ax.grid(alpha=0.3)
-        if len(groups) > 1:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def ceilings(rows: list[dict[str, Any]]) -> str:
@@ -215,18 +240,22 @@ def print_summary(rows: list[dict[str, Any]], swept: list[str], best: dict | Non
     """The console end of a sweep: one line per job, then the fastest setting and how to reproduce it."""
     print(f"\nSweep report ({len(rows)} jobs) in {sweep_dir}")
     for row in rows:
-        if row["status"] == "ok":
-            rate, wait = row["images_per_sec"] or 0.0, row["data_wait_frac"] or 0.0
+        if row["status"] == "ok" and row["images_per_sec"] is None:
+            figures = f"      n/a img/s  {row['reason'] or 'not measured'}"
+        elif row["status"] == "ok":
+            rate, wait = row["images_per_sec"], row["data_wait_frac"] or 0.0
             figures = f"{rate:9.1f} img/s  data wait {wait:6.1%}"
         else:
             figures = f"FAILED: {row['reason']}"
-        print(f"  job {row['job']:>3}  {_describe(row, swept):<40} {figures}  {row.get('confidence', '')}")
+        print(f"  job {row['job']:>3}  {describe(row, swept):<40} {figures}  {row.get('confidence', '')}")
     if ceilings(rows):
         print(ceilings(rows))
+    for line in machine_lines(rows)[1:]:  # the warning only: the console is short
+        print(line)
     if best is None:
         print("No job finished with a throughput figure.\n")
         return
-    print(f"Fastest here: {_describe(best, swept)} at {best['images_per_sec']:.1f} images/s")
+    print(f"Fastest here: {describe(best, swept)} at {best['images_per_sec']:.1f} images/s")
     if best.get("verdict"):
         print(f"  {best['verdict']}")
     print(f"Reproduce it: {reproduce_command(best)}\n", flush=True)

@@ -1,0 +1,228 @@
+"""The sweep report's picture: throughput with the fastest job and the ceilings, data wait, and stage times per job.
+
+What to draw is computed by pure functions on the report's rows (`series`, `ceiling_lines`, `stage_bars`), so
+any mix of rows (failed jobs, jobs without figures, older metrics.json without `pipeline`) gives a picture.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+# The input pipeline's stages in metrics.json's `pipeline.stage_ms_per_image`, in the order a batch meets them.
+STAGES = ("read", "decode", "augment", "collate", "transfer", "h2d", "gpu_decode")
+WORKER_STAGES = ("read", "decode", "augment", "collate")
+STAGE_CAPTION = (
+    "read, decode, augment, collate: CPU time in the workers, summed over workers, per image;\n"
+    "transfer, h2d, gpu_decode: time in the training process, per image"
+)
+
+
+def describe(row: dict[str, Any], keys: list[str]) -> str:
+    """The row's values of `keys`, as `key=value` pairs."""
+    return " ".join(f"{k}={row['overrides'].get(k, '')}" for k in keys)
+
+
+def as_number(value: Any) -> float | None:
+    """The value as a float, None when it is not a number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def rate(row: dict[str, Any]) -> float | None:
+    """The plotted throughput: the median of windows, else the overall figure (None: not measured)."""
+    return row.get("images_per_sec_median") or row.get("images_per_sec")
+
+
+def _plotted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [row for row in rows if row["status"] == "ok" and rate(row)]  # n/a: not plotted
+
+
+def x_values(rows: list[dict[str, Any]], x_key: str) -> dict[str, Any]:
+    """Each plotted job's x: numbers when every job's value is one (one axis cannot mix), else the text."""
+    raw = {row["job"]: row["overrides"].get(x_key, row["job"]) for row in _plotted(rows)}
+    numeric = all(as_number(x) is not None for x in raw.values())
+    return {job: as_number(x) if numeric else str(x) for job, x in raw.items()}
+
+
+def series(rows: list[dict[str, Any]], swept: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Plotted jobs grouped by the swept keys after the first (one line each), sorted along the x axis."""
+    x_key, series_keys = (swept[0], swept[1:]) if swept else ("job", [])
+    xs = x_values(rows, x_key)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in _plotted(rows):
+        groups.setdefault(describe(row, series_keys) or "all jobs", []).append(row)
+    if all(isinstance(x, float) for x in xs.values()):
+        groups = {label: sorted(members, key=lambda row: xs[row["job"]]) for label, members in groups.items()}
+    return groups
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _best_of(values: list[Any]) -> tuple[float, int] | None:
+    numbers = [v for v in (as_number(value) for value in values) if v]
+    return (max(numbers), len(numbers)) if numbers else None
+
+
+def _best_loader_setting(tune: dict[str, Any]) -> float | None:
+    table = tune.get("table") if isinstance(tune.get("table"), list) else []
+    best = _best_of([_dict(entry).get("images_per_sec") for entry in table])
+    return best[0] if best else None
+
+
+def ceiling_lines(rows: list[dict[str, Any]]) -> list[tuple[str, float, str]]:
+    """(kind, images/s, label) of each ceiling the sweep measured: mode=loader / mode=compute jobs, the jobs'
+    `tune` probes (best loader setting tried, compute alone) and `pipeline.compute_images_per_sec`; best of jobs."""
+    ok = [row for row in rows if row["status"] == "ok"]
+    tunes = [_dict(row.get("tune")) for row in ok]
+    sources = [
+        ("loader", "mode=loader", [row["images_per_sec"] for row in ok if row["mode"] == "loader"]),
+        ("compute", "mode=compute", [row["images_per_sec"] for row in ok if row["mode"] == "compute"]),
+        ("loader", "tune probe", [_best_loader_setting(tune) for tune in tunes]),
+        ("compute", "tune probe", [tune.get("compute_images_per_sec") for tune in tunes]),
+        ("compute", "measured in the run", [_dict(row.get("pipeline")).get("compute_images_per_sec") for row in ok]),
+    ]
+    lines = []
+    for kind, source, values in sources:
+        best = _best_of(values)
+        if best is not None:
+            figure, count = best
+            of = f", best of {count} jobs" if count > 1 else ""
+            lines.append((kind, figure, f"{kind} ceiling ({source}{of}): {figure:.1f} images/s"))
+    return lines
+
+
+def stage_label(row: dict[str, Any], swept: list[str]) -> str:
+    """A short x label for one job: its number and swept values, the keys without their group."""
+    values = [f"{k.rsplit('.', 1)[-1]}={row['overrides'].get(k, '')}" for k in swept]
+    return "\n".join([f"job {row['job']}", *values])
+
+
+def stage_bars(rows: list[dict[str, Any]], swept: list[str]) -> tuple[list[str], dict[str, list[float]]]:
+    """Job labels and, for every stage measured in any job, its ms per image in each job (missing: 0).
+    Only jobs with stage times are drawn; no labels when none has them (older metrics.json, failed jobs)."""
+    timed = []
+    for row in rows:
+        stages = _dict(_dict(row.get("pipeline")).get("stage_ms_per_image"))
+        values = {stage: as_number(stages.get(stage)) for stage in STAGES}
+        if row["status"] == "ok" and any(v is not None for v in values.values()):
+            timed.append((row, values))
+    measured = [stage for stage in STAGES if any(values[stage] is not None for _, values in timed)]
+    heights = {stage: [values[stage] or 0.0 for _, values in timed] for stage in measured}
+    return [stage_label(row, swept) for row, _ in timed], heights
+
+
+def _draw_series(ax_rate: Any, ax_wait: Any, rows: list[dict[str, Any]], swept: list[str]) -> None:
+    xs = x_values(rows, swept[0] if swept else "job")
+    for label, members in series(rows, swept).items():
+        x, rates = [xs[row["job"]] for row in members], [rate(row) for row in members]
+        # Clamped at 0: the quartiles come from metrics.json's windows, rounded to 0.01 img/s, the median from the
+        # unrounded ones; with one window the rounding alone made a negative bar and matplotlib refused the plot.
+        low = [max(0.0, r - (row["images_per_sec_p25"] or r)) for r, row in zip(rates, members, strict=True)]
+        high = [max(0.0, (row["images_per_sec_p75"] or r) - r) for r, row in zip(rates, members, strict=True)]
+        ax_rate.errorbar(x, rates, yerr=[low, high], marker="o", capsize=3, label=label)
+        ax_wait.plot(x, [100 * (row["data_wait_frac"] or 0) for row in members], marker="o", label=label)
+    if xs and all(isinstance(x, float) for x in xs.values()):
+        for ax in (ax_rate, ax_wait):
+            ax.set_xticks(sorted(set(xs.values())))
+
+
+def _draw_fastest(ax: Any, rows: list[dict[str, Any]], swept: list[str], best: dict[str, Any]) -> None:
+    x = x_values(rows, swept[0] if swept else "job")[best["job"]]
+    y = rate(best)
+    ax.plot(
+        [x],
+        [y],
+        marker="*",
+        markersize=18,
+        color="gold",
+        markeredgecolor="black",
+        linestyle="none",
+        zorder=5,
+        gid="fastest",
+    )
+    text = f"fastest: job {best['job']}\n{best['images_per_sec']:.1f} images/s overall"
+    ax.annotate(
+        text,
+        xy=(ax.xaxis.convert_units(x), y),
+        xytext=(0, 14),
+        textcoords="offset points",
+        ha="center",
+        fontsize=8,
+        fontweight="bold",
+    )
+
+
+CEILING_COLORS = ("tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
+
+
+def _draw_ceilings(ax: Any, rows: list[dict[str, Any]]) -> None:
+    lines = sorted(ceiling_lines(rows), key=lambda line: line[1])
+    ys = [rate(row) or 0.0 for row in _plotted(rows)] + [figure for _, figure, _ in lines]
+    close = 0.06 * (max(ys) - min(ys)) if ys else 0.0  # labels nearer than this (images/s) would overlap
+    last = {0.99: -float("inf"), 0.01: -float("inf")}  # the last figure written at the right end, at the left
+    for (kind, figure, label), color in zip(lines, CEILING_COLORS, strict=False):
+        ax.axhline(figure, color=color, linestyle="--" if kind == "loader" else ":", label=label, gid="ceiling")
+        side = next((x for x, below in last.items() if figure - below > close), None)
+        if side is not None:  # else no room: the legend still gives the figure
+            last[side] = figure
+            # x in axes fractions, y in images/s: the figure sits on its line, at the right end or the left
+            ax.text(side, figure, f"{figure:.1f}", transform=ax.get_yaxis_transform(),
+                    ha="right" if side > 0.5 else "left", va="bottom", fontsize=7, color=color)  # fmt: skip
+
+
+def _draw_stages(ax: Any, labels: list[str], heights: dict[str, list[float]]) -> None:
+    bottom = [0.0] * len(labels)
+    for stage, values in heights.items():
+        ax.bar(range(len(labels)), values, bottom=bottom, label=stage, hatch="" if stage in WORKER_STAGES else "//")
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylabel("ms per image")
+    ax.set_title(f"Input pipeline: time per image by stage\n{STAGE_CAPTION}", fontsize=9)
+    ax.set_ylim(0, 1.25 * max(bottom) if max(bottom) > 0 else 1.0)  # room for the legend above the tallest bar
+    ax.legend(fontsize=8, ncol=len(heights), loc="upper center")
+
+
+def plot(path: Path | None, rows: list[dict[str, Any]], swept: list[str], best: dict[str, Any] | None = None) -> Figure:
+    """Throughput (median, middle half of windows, the fastest job starred, the ceilings as lines) and data wait
+    against the first swept key; below them, stacked stage times per job when any job measured them. Saved to
+    `path` (None: only drawn, for a look at what was drawn)."""
+    # Imported here: every run loads this module through the Hydra callback, only a multirun's end draws.
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    labels, heights = stage_bars(rows, swept)
+    if labels:
+        fig, axes = plt.subplot_mosaic([["rate", "wait"], ["stages", "stages"]], figsize=(12, 8.6))
+        ax_rate, ax_wait = axes["rate"], axes["wait"]
+        _draw_stages(axes["stages"], labels, heights)
+    else:
+        fig, (ax_rate, ax_wait) = plt.subplots(1, 2, figsize=(12, 4.4))
+    _draw_series(ax_rate, ax_wait, rows, swept)
+    _draw_ceilings(ax_rate, rows)
+    if best is not None and rate(best):
+        _draw_fastest(ax_rate, rows, swept, best)
+    x_key = swept[0] if swept else "job"
+    ax_rate.set(xlabel=x_key, ylabel="images/s (median of windows)", title="Throughput")
+    ax_wait.set(xlabel=x_key, ylabel="% of step time waiting for data", title="Data wait")
+    ax_rate.margins(y=0.15)  # room above the top point for the fastest job's label
+    ax_wait.set_ylim(bottom=0)
+    several = len(series(rows, swept)) > 1
+    for ax in (ax_rate, ax_wait):
+        ax.grid(alpha=0.3)
+        if several or (ax is ax_rate and ceiling_lines(rows)):
+            ax.legend(fontsize=7)
+    if path is not None:
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    plt.close(fig)  # the Figure stays readable (tests inspect what was drawn); pyplot forgets it
+    return fig
