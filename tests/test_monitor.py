@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from imgtrain.metrics import memory
 from imgtrain.metrics import monitor as monitor_mod
 from imgtrain.metrics.monitor import ResourceMonitor, nvml_index_for, parse_visible_devices
 from imgtrain.metrics.tensorboard import MetricsLogger, flatten_hparams
@@ -80,17 +81,22 @@ def test_cpu_monitor_sys_keys(caplog: pytest.LogCaptureFixture):
         assert mon.gpu_available is False
         time.sleep(0.3)
         win = mon.window()
-        assert set(win) == {"sys/cpu_pct", "sys/proc_cpu_pct", "sys/rss_gb"}
+        pss = {monitor_mod.PSS_KEY} if memory.HAS_PSS else set()  # the thread's first sample has PSS (Linux)
+        assert set(win) == {"sys/cpu_pct", "sys/proc_cpu_pct", "sys/rss_gb", *pss}
         assert 0.0 <= win["sys/cpu_pct"] <= 100.0
         assert 0.0 <= win["sys/proc_cpu_pct"] <= 100.0
         assert 0.01 < win["sys/rss_gb"] < 100.0  # a python process with torch is > 10 MB
-        second = mon.window()  # fresh sample when nothing new arrived
-        assert set(second) == set(win)
+        if pss:
+            assert 0.0 < win[monitor_mod.PSS_KEY] <= win["sys/rss_gb"]
+        second = mon.window()  # fresh sample when nothing new arrived: no PSS on this (the calling) thread
+        assert set(second) == set(monitor_mod.SYS_KEYS)
         summ = mon.summary()
     assert summ["gpu_util_mean"] is None
     assert summ["gpu_mem_used_max_gb"] is None
     assert summ["num_samples"] >= 3  # start sample + thread samples over 0.3 s
     assert summ["rss_peak_gb"] >= win["sys/rss_gb"] * 0.9
+    if pss:
+        assert 0.0 < summ["pss_peak_gb"] <= summ["rss_peak_gb"]
     assert 0.0 <= summ["proc_cpu_pct_mean"] <= 100.0
     assert len(_nvml_notes(caplog)) <= 1
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # CPU is not a problem
@@ -112,6 +118,18 @@ def test_stop_is_prompt_idempotent_and_reset_summary():
     assert mon._thread is not None and not mon._thread.is_alive()
     assert mon._thread.daemon
     assert mon.window() == {}  # nothing left and no sampling after stop
+    if memory.HAS_PSS:  # the thread's last act: one PSS sample, for the summary only
+        assert mon.summary()["pss_peak_gb"] > 0.0
+
+
+def test_memory_peaks_outlive_reset_summary():
+    mon = ResourceMonitor(torch.device("cpu"), interval_s=60.0)
+    mon._record({"sys/cpu_pct": 90.0, "sys/rss_gb": 3.0, monitor_mod.PSS_KEY: 2.0})
+    mon.reset_summary()  # end of warm-up: means restart, memory peaks do not
+    mon._record({"sys/cpu_pct": 10.0, "sys/rss_gb": 1.0})
+    summ = mon.summary()
+    assert summ["cpu_pct_mean"] == 10.0 and summ["num_samples"] == 1
+    assert summ["rss_peak_gb"] == 3.0 and summ["pss_peak_gb"] == 2.0
 
 
 @contextlib.contextmanager
@@ -227,7 +245,7 @@ def test_nvml_unavailable_is_logged_once(monkeypatch: pytest.MonkeyPatch, caplog
         wins = [mon.window() for _ in range(3)]
         summ = mon.summary()
     assert mon.gpu_available is False
-    assert all(set(w) == {"sys/cpu_pct", "sys/proc_cpu_pct", "sys/rss_gb"} for w in wins)
+    assert all(set(w) - {monitor_mod.PSS_KEY} == {"sys/cpu_pct", "sys/proc_cpu_pct", "sys/rss_gb"} for w in wins)
     assert summ["gpu_util_mean"] is None and summ["gpu_mem_used_max_gb"] is None
     notes = _nvml_notes(caplog)
     assert len(notes) == 1 and notes[0].levelno == logging.WARNING

@@ -9,6 +9,8 @@ import pytest
 from helpers import FAST, read_metrics, run_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from imgtrain.metrics import memory
+
 EXPECTED_TAGS = {
     "train/loss",
     "train/acc",
@@ -41,6 +43,7 @@ def test_run_prints_summary_table(smoke_run) -> None:
     _, result = smoke_run
     assert "Run summary" in result.stdout
     assert "images/s (steady state)" in result.stdout
+    assert "PSS peak incl. workers (GB)" in result.stdout
     assert "Traceback" not in result.stderr
 
 
@@ -69,6 +72,10 @@ def test_metrics_json_holds_the_final_summary(smoke_run) -> None:
     assert metrics["measured_steps"] == 6  # 8 steps minus 2 warm-up steps
     assert len(metrics["images_per_sec_windows"]) == 3
     assert metrics["rss_peak_gb"] > 0.1
+    if memory.HAS_PSS:  # Linux: shared pages counted once, so below RSS, which counts them in every process
+        assert 0.0 < metrics["pss_peak_gb"] < metrics["rss_peak_gb"]
+    else:
+        assert metrics["pss_peak_gb"] is None
 
 
 def test_the_run_reports_where_its_input_time_went(smoke_run) -> None:
@@ -88,6 +95,7 @@ def test_tensorboard_has_the_tags(smoke_run) -> None:
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert tags >= EXPECTED_TAGS, EXPECTED_TAGS - tags
+    assert ("sys/pss_gb" in tags) == memory.HAS_PSS  # the monitor thread's first sample has PSS (Linux only)
     assert not any(tag.startswith("gpu/") for tag in tags)  # no NVIDIA GPU: the gpu tags are absent
     throughput_steps = [event.step for event in events.Scalars("perf/images_per_sec")]
     assert min(throughput_steps) > 2  # warm-up steps are never reported as throughput

@@ -1,4 +1,4 @@
-"""Background sampling of GPU utilisation/memory (NVML) and CPU/RSS (psutil) during training.
+"""Background sampling of GPU utilisation/memory (NVML) and CPU/RSS/PSS (psutil, /proc) during training.
 
 Why not torch.cuda.utilization()? It maps integer CUDA_VISIBLE_DEVICES entries to NVML indexes directly, but
 CUDA orders GPUs fastest first by default and NVML by PCI bus, so on a mixed machine it can read another
@@ -13,18 +13,22 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psutil
 import torch
 
 from imgtrain.host import available_cpus
+from imgtrain.metrics.memory import TreeMemory, forked_children
 
 logger = logging.getLogger(__name__)
 
 GPU_KEYS = ("gpu/util_pct", "gpu/mem_used_gb")
-SYS_KEYS = ("sys/cpu_pct", "sys/proc_cpu_pct", "sys/rss_gb")
+SYS_KEYS = ("sys/cpu_pct", "sys/proc_cpu_pct", "sys/rss_gb")  # in every sample
+PSS_KEY = "sys/pss_gb"  # only in the background thread's PSS samples (every ~5 s), where the platform has PSS
+PEAK_KEYS = ("sys/rss_gb", PSS_KEY)  # memory peaks span the whole run: warm-up memory is memory too
 
 
 def normalize_uuid(uuid: Any) -> str:
@@ -127,7 +131,7 @@ class _Stats:
 
 
 class ResourceMonitor:
-    """Daemon thread sampling GPU util/memory (NVML) and CPU %/RSS of this process tree (psutil)."""
+    """Daemon thread sampling GPU util/memory (NVML) and CPU %/RSS/PSS of this process tree (psutil, /proc)."""
 
     def __init__(self, device: torch.device, interval_s: float = 0.5) -> None:
         self.device = torch.device(device)
@@ -145,6 +149,7 @@ class ResourceMonitor:
         self._sample_error_logged = False
         self._proc = psutil.Process()
         self._children: dict[int, psutil.Process] = {}
+        self._memory = TreeMemory()  # PSS, and the copy-on-write warning; only ever on this monitor's thread
         # 100 % of sys/proc_cpu_pct = every CPU this process may run on is busy.
         self._ncpus = available_cpus()
         # cpu_percent(interval=None) measures since the previous call: prime it so the first sample is real.
@@ -192,8 +197,8 @@ class ResourceMonitor:
                 self._nvml.nvmlShutdown()
             self._nvml = None
 
-    def _sample(self) -> dict[str, float]:
-        """Take one sample; uses only NVML and psutil, never torch.cuda (so it never syncs the GPU)."""
+    def _sample(self, pss: bool = False, final: bool = False) -> dict[str, float]:
+        """One sample, never through torch.cuda (no GPU sync); `pss` (when due): monitor thread only, it is slow."""
         with self._sample_lock:
             sample: dict[str, float] = {}
             if self.gpu_available and self._nvml is not None:
@@ -209,7 +214,19 @@ class ResourceMonitor:
             proc_cpu, rss = self._proc_tree_usage()
             sample["sys/proc_cpu_pct"] = min(100.0, proc_cpu / self._ncpus)
             sample["sys/rss_gb"] = rss / 1e9
-            return sample
+            children = dict(self._children)
+        if pss:
+            self._add_pss(sample, children, final)
+        return sample
+
+    def _add_pss(self, sample: dict[str, float], children: dict[int, psutil.Process], final: bool) -> None:
+        """Add sys/pss_gb if due; outside the sample lock, so a window() sample never waits for this one."""
+        now = time.monotonic()
+        if self._memory.due(now, list(children), final):
+            forked = forked_children(self._proc, children.values())
+            total = self._memory.sample(now, self._proc.pid, list(children), forked)
+            if total is not None:
+                sample[PSS_KEY] = total / 1e9
 
     def _proc_tree_usage(self) -> tuple[float, int]:
         """CPU % (in units of one core) and RSS bytes of this process plus all descendants."""
@@ -228,7 +245,7 @@ class ResourceMonitor:
             try:
                 cpu += proc.cpu_percent(interval=None)  # 0.0 on the first call for a new child
                 # RSS counts shared pages (fork copy-on-write, shared libs) in every process, so the
-                # sum is an upper bound on real usage; USS/PSS would be tighter but far more expensive.
+                # sum is an upper bound on real usage; PSS (sys/pss_gb) is exact, sampled less often.
                 rss += proc.memory_info().rss
             except psutil.Error:  # exited, zombie or not ours
                 continue
@@ -236,21 +253,27 @@ class ResourceMonitor:
         self._children = children
         return cpu, rss
 
-    def _record(self, sample: dict[str, float]) -> None:
-        """Add a sample to the window and summary accumulators."""
+    def _record(self, sample: dict[str, float], window: bool = True) -> None:
+        """Add a sample to the window (unless `window` is False) and summary accumulators."""
         with self._lock:
-            self._window.add(sample)
+            if window:
+                self._window.add(sample)
             self._summary.add(sample)
 
     def _run(self) -> None:
-        """Thread body: sample every interval until stopped."""
+        """Thread body: sample every interval until stopped, then one last PSS sample for the summary."""
         while not self._stop_event.wait(self.interval_s):
-            try:
-                self._record(self._sample())
-            except Exception:  # monitoring must never take training down
-                if not self._sample_error_logged:
-                    logger.exception("ResourceMonitor sample failed; continuing")
-                    self._sample_error_logged = True
+            self._guarded(lambda: self._record(self._sample(pss=True)))
+        self._guarded(lambda: self._record(self._sample(pss=True, final=True), window=False))
+
+    def _guarded(self, action: Callable[[], None]) -> None:
+        """Run `action`; a failure is logged once and otherwise ignored (monitoring must not stop training)."""
+        try:
+            action()
+        except Exception:
+            if not self._sample_error_logged:
+                logger.exception("ResourceMonitor sample failed; continuing")
+                self._sample_error_logged = True
 
     def start(self) -> ResourceMonitor:
         """Take one sample now and start the background thread."""
@@ -272,12 +295,14 @@ class ResourceMonitor:
         return stats.means()
 
     def reset_summary(self) -> None:
-        """Start the whole-run summary afresh (e.g. when warm-up steps are over)."""
+        """Start the whole-run summary afresh (e.g. when warm-up steps are over); memory peaks carry over."""
         with self._lock:
-            self._summary = _Stats()
+            fresh = _Stats()
+            fresh.maxes = {key: value for key, value in self._summary.maxes.items() if key in PEAK_KEYS}
+            self._summary = fresh
 
     def summary(self) -> dict[str, float | None]:
-        """Means/peaks since the last reset_summary() (or start)."""
+        """Means since the last reset_summary() (or start); memory peaks since start."""
         with self._lock:
             empty = self._summary.count == 0
         if empty and not self._stopped:
@@ -290,6 +315,7 @@ class ResourceMonitor:
                 "cpu_pct_mean": stats.mean("sys/cpu_pct"),
                 "proc_cpu_pct_mean": stats.mean("sys/proc_cpu_pct"),
                 "rss_peak_gb": stats.maxes.get("sys/rss_gb"),
+                "pss_peak_gb": stats.maxes.get(PSS_KEY),  # None where the platform has no PSS
                 "num_samples": stats.count,
             }
 

@@ -222,6 +222,7 @@ class Metrics:
             "cpu_pct_mean": resources.get("cpu_pct_mean"),
             "proc_cpu_pct_mean": resources.get("proc_cpu_pct_mean"),
             "rss_peak_gb": resources.get("rss_peak_gb"),
+            "pss_peak_gb": resources.get("pss_peak_gb"),  # shared pages counted once; null without PSS (non-Linux)
             "pipeline": self.pipeline.summary(compute_images_per_sec),
             "tune": loader_args.get("tune"),
             "val_acc": val.get("val_acc"),

@@ -136,6 +136,7 @@ def print_table(summary: dict[str, Any]) -> None:
         ("GPU util (mean %)", _fmt(summary["gpu_util_mean"], ".1f")),
         ("CPU (mean % of system)", _fmt(summary["cpu_pct_mean"], ".1f")),
         ("RSS peak incl. workers (GB)", _fmt(summary["rss_peak_gb"], ".2f")),
+        ("PSS peak incl. workers (GB)", _fmt(summary.get("pss_peak_gb"), ".2f")),
         ("val acc (top-1)", _fmt(summary["val_acc"], ".4f")),
         ("steps / wall time (s)", f"{summary['steps']} / {summary['wall_time_s']:.1f}"),
         (

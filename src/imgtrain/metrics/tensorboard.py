@@ -41,7 +41,7 @@ def hparams(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 def hparam_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
     """The final figures the HParams tab shows next to each run's settings."""
-    keys = ("images_per_sec", "data_wait_frac", "gpu_util_mean", "val_acc", "rss_peak_gb")
+    keys = ("images_per_sec", "data_wait_frac", "gpu_util_mean", "val_acc", "rss_peak_gb", "pss_peak_gb")
     return {f"hparam/{k}": summary.get(k) for k in keys}
 
 
