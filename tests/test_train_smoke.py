@@ -63,6 +63,7 @@ def test_metrics_json_holds_the_final_summary(smoke_run) -> None:
     assert metrics["measured_steps"] == 6  # 8 steps minus 2 warm-up steps
     assert len(metrics["images_per_sec_windows"]) == 3
     assert metrics["rss_peak_gb"] > 0.1
+    assert metrics["profile_trace"] is None  # trainer.profile=false: no trace
 
 
 def test_tensorboard_has_the_tags(smoke_run) -> None:

@@ -278,6 +278,10 @@ class TrainerConfig:
     ckpt_every_min: float | None = _checked(10.0, lambda v: None if v is None or v > 0 else _MINUTES)
     ckpt_every_n_steps: int = _checked(0, at_least(0, note="0 = off"))  # also every this many steps
     nonfinite: NonFinite = NonFinite.stop  # a NaN/inf loss: stop, or skip the step (counted)
+    # A torch.profiler trace of profile_steps steps after warmup_steps (+1 profiler warm-up step), rank 0 only:
+    # <run dir>/profile/trace_rank0.json.gz for https://ui.perfetto.dev, and the top operators as text.
+    profile: bool = False
+    profile_steps: int = _checked(5, at_least(1, note="steps recorded"))
 
 
 @dataclass

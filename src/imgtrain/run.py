@@ -29,6 +29,7 @@ from imgtrain.loop import Components, fit
 from imgtrain.metrics import Metrics
 from imgtrain.model import memory_format_for, prepare_model, resolve_precision
 from imgtrain.optim import build_step
+from imgtrain.profiling import Profiler
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +120,12 @@ def _train_locked(
         log.info("this run already finished at step %d: %s is kept as it is", progress.step, finished)
         return json.loads(finished.read_text())
     metrics = Metrics(settings, device, info, out_dir, faults, also_agreeing=[checkpointer])
+    profiler = Profiler(trainer, device, info, out_dir, steps_left=total_steps - progress.step)
+    parts = Components(faults, metrics, checkpointer, progress, profiler)
     lr = lambda: step.scheduler.get_last_lr()[0]  # noqa: E731
-    with faults, checkpointer.writing(), metrics.running(progress.step, total_steps, lr=lr):
-        fit(model, data, step, Components(faults, metrics, checkpointer, progress), settings.mode, epochs)
-    summary = metrics.summary(progress, precision, data.loader_args, wall_time_s=time.perf_counter() - started)
+    with faults, checkpointer.writing(), metrics.running(progress.step, total_steps, lr=lr), profiler:
+        fit(model, data, step, parts, settings.mode, epochs)
+    wall_time_s = time.perf_counter() - started
+    summary = metrics.summary(progress, precision, data.loader_args, wall_time_s, profile_trace=profiler.trace)
     metrics.finish(summary, finished)
     return summary

@@ -170,8 +170,11 @@ class Metrics:
             start += len(values)
 
     # ------------------------------------------------------------------ the end of the run
-    def summary(self, progress: Any, precision: str, loader_args: dict, wall_time_s: float) -> dict[str, Any]:
-        """The run's final figures, reduced over ranks (every rank must call it)."""
+    def summary(
+        self, progress: Any, precision: str, loader_args: dict, wall_time_s: float, profile_trace: str | None = None
+    ) -> dict[str, Any]:
+        """The run's final figures, reduced over ranks (every rank must call it); `profile_trace`: rank 0's
+        trace of trainer.profile=true, if written."""
         self.faults.merge_unreadable()
         perf, resources = self.meter.summary(), self.monitor.summary()
         measured = perf["images_per_sec"] is not None
@@ -214,6 +217,7 @@ class Metrics:
             ],
             "nonfinite_steps": progress.nonfinite_steps,
             "wall_time_s": wall_time_s,
+            "profile_trace": profile_trace,
             "loader": loader_args["train"],
             "loader_val": loader_args["val"],
             "batch_size_global": loader_args["train"]["batch_size"] * info.world_size,
