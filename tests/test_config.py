@@ -108,6 +108,7 @@ def test_every_data_key_is_overridable(override: str, key: str, expected: object
         ("trainer.epochs=0", "trainer.epochs=0"),
         ("trainer.ckpt_every_min=0", "trainer.ckpt_every_min=0.0 is invalid: expected minutes > 0, or null"),
         ("trainer.ckpt_every_n_steps=-5", "trainer.ckpt_every_n_steps=-5"),
+        ("trainer.profile_steps=0", "trainer.profile_steps=0 is invalid: expected an integer >= 1 (steps recorded)"),
         ("dataset=imagefolder", "dataset.root is required"),
         ("dataset=imagefolder dataset.root=/no/such/dir", "/no/such/dir"),
     ],

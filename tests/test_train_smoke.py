@@ -72,6 +72,7 @@ def test_metrics_json_holds_the_final_summary(smoke_run) -> None:
     assert metrics["measured_steps"] == 6  # 8 steps minus 2 warm-up steps
     assert len(metrics["images_per_sec_windows"]) == 3
     assert metrics["rss_peak_gb"] > 0.1
+    assert metrics["profile_trace"] is None  # trainer.profile=false: no trace
     if memory.HAS_PSS:  # Linux: shared pages counted once, so below RSS, which counts them in every process
         assert 0.0 < metrics["pss_peak_gb"] < metrics["rss_peak_gb"]
     else:

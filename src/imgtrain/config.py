@@ -287,6 +287,10 @@ class TrainerConfig:
     # After training, time the model alone (a copy, on a batch already on the device) to tell CPU contention
     # from compute-bound. auto: only when workers and training may compete for the CPUs
     compute_probe: Any = _checked(AUTO, auto_or_bool)
+    # A torch.profiler trace of profile_steps steps after warmup_steps (+1 profiler warm-up step), rank 0 only:
+    # <run dir>/profile/trace_rank0.json.gz for https://ui.perfetto.dev, and the top operators as text.
+    profile: bool = False
+    profile_steps: int = _checked(5, at_least(1, note="steps recorded"))
 
 
 @dataclass

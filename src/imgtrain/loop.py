@@ -26,6 +26,7 @@ from imgtrain.data.stages import transfer_seconds
 from imgtrain.faults import Faults
 from imgtrain.metrics import Metrics
 from imgtrain.optim import Step
+from imgtrain.profiling import Profiler, no_range
 
 log = logging.getLogger(__name__)
 
@@ -38,23 +39,28 @@ def train_one_epoch(
     metrics: Metrics,
     checkpointer: Checkpointer,
     progress: Progress,
+    profiler: Profiler,
 ) -> None:
     """One pass over `batches` (images and labels already on the device). No GPU sync here: the metrics read
-    the loss back every `trainer.log_every_n_steps` steps, and faults are acted on there."""
+    the loss back every `trainer.log_every_n_steps` steps, and faults are acted on there. The `profiler.range`s
+    label the trace of trainer.profile=true; otherwise they do nothing."""
     model.train()
     for images, labels in batches:
-        with step.autocast():
+        with step.autocast(), profiler.range("forward"):
             logits = model(images)
             loss = F.cross_entropy(logits, labels, label_smoothing=step.label_smoothing)
         if faults.allows_update(loss, progress.step + 1):  # False only with nonfinite=skip and a NaN/inf loss
             step.optimizer.zero_grad(set_to_none=True)
-            step.scaler.scale(loss).backward()
-            step.scaler.step(step.optimizer)
-            step.scaler.update()
-            step.scheduler.step()
+            with profiler.range("backward"):
+                step.scaler.scale(loss).backward()
+            with profiler.range("optimizer"):
+                step.scaler.step(step.optimizer)
+                step.scaler.update()
+                step.scheduler.step()
         progress.advance(labels.shape[0])
         metrics.step(progress.step, loss, logits, labels)  # a logging step: one sync, one exchange across ranks
         checkpointer.step(progress)  # a stop signal, NaN or bad-data budget agreed there; periodic last.pt
+        profiler.step()  # trainer.profile=true: the trace is written after its last step
 
 
 class EpochBatches:
@@ -62,7 +68,8 @@ class EpochBatches:
 
     The time `next()` blocks is the data wait; it goes to `on_batch` with the part of it after the batch was
     finished (transfer) and the batch's stage times. The unreadable files each batch replaced go to
-    `on_unreadable`, and their number is kept in `unreadable`. DataLoader failures become one line.
+    `on_unreadable`, and their number is kept in `unreadable`. DataLoader failures become one line. `mark`
+    labels the data wait and the copy to the device in a profiler trace (`Profiler.range`).
     """
 
     def __init__(
@@ -75,9 +82,11 @@ class EpochBatches:
         on_unreadable: Callable[[tuple[tuple[str, str], ...]], None],
         on_batch: Callable[[float, float, tuple], None] | None = None,
         split: str = "train",
+        mark: Callable[[str], contextlib.AbstractContextManager] = no_range,
     ) -> None:
         self.loader, self.feed, self.data, self.limit, self.split = loader, feed, data, limit, split
         self.on_unreadable, self.on_batch = on_unreadable, on_batch or (lambda wait, transfer, times: None)
+        self.mark = mark
         self.taken, self.unreadable = 0, 0
         self._stack = contextlib.ExitStack()
 
@@ -97,7 +106,8 @@ class EpochBatches:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while self.taken < self.limit:
             started = time.perf_counter()
-            batch = next_batch(self.batches, self.data)  # blocks while no batch is ready: the data wait
+            with self.mark("data_wait"):
+                batch = next_batch(self.batches, self.data)  # blocks while no batch is ready: the data wait
             if batch is None:
                 return
             received = time.perf_counter()
@@ -106,7 +116,9 @@ class EpochBatches:
             self.unreadable += len(batch.skipped)
             self.on_unreadable(batch.skipped)
             if batch.labels.shape[0]:  # validation drops unreadable images: a batch of them all has none left
-                yield self.feed.to_model(batch)
+                with self.mark("h2d"):  # the copy (unless prefetched during the wait) and float conversion
+                    on_device = self.feed.to_model(batch)
+                yield on_device
 
 
 @dataclass
@@ -117,6 +129,7 @@ class Components:
     metrics: Metrics
     checkpointer: Checkpointer
     progress: Progress
+    profiler: Profiler
 
 
 @torch.no_grad()
@@ -156,9 +169,12 @@ def fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mo
             limit,
             on_unreadable=parts.faults.unreadable,
             on_batch=parts.metrics.add_batch,
+            mark=parts.profiler.range,
         )
         with batches:
-            train_one_epoch(model, batches, step, parts.faults, parts.metrics, parts.checkpointer, progress)
+            train_one_epoch(
+                model, batches, step, parts.faults, parts.metrics, parts.checkpointer, progress, parts.profiler
+            )
         parts.metrics.end_epoch(progress.step)  # the last, partial window: its agreed faults are acted on now
         parts.faults.act(parts.checkpointer.save_and_wait, parts.checkpointer.last_checkpoint())
         if mode == Mode.train:

@@ -31,6 +31,7 @@ from imgtrain.metrics import Metrics
 from imgtrain.metrics.pipeline import PipelineMeter
 from imgtrain.model import memory_format_for, prepare_model, resolve_precision
 from imgtrain.optim import build_step
+from imgtrain.profiling import Profiler
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +126,21 @@ def _train_locked(
     workers = data.loader_args["train"]["num_workers"]
     pipeline = PipelineMeter(workers, data.feed.copy_timer)
     metrics = Metrics(settings, device, info, out_dir, faults, also_agreeing=[checkpointer], pipeline=pipeline)
+    profiler = Profiler(trainer, device, info, out_dir, steps_left=total_steps - progress.step)
+    parts = Components(faults, metrics, checkpointer, progress, profiler)
     lr = lambda: step.scheduler.get_last_lr()[0]  # noqa: E731
-    with faults, checkpointer.writing(), metrics.running(progress.step, total_steps, lr=lr):
-        fit(model, data, step, Components(faults, metrics, checkpointer, progress), settings.mode, epochs)
+    with faults, checkpointer.writing(), metrics.running(progress.step, total_steps, lr=lr), profiler:
+        fit(model, data, step, parts, settings.mode, epochs)
     model_rate = _model_rate(settings, data, metrics, device, (base, precision, memory_format))
     wall_time_s = time.perf_counter() - started
-    summary = metrics.summary(progress, precision, data.loader_args, wall_time_s, compute_images_per_sec=model_rate)
+    summary = metrics.summary(
+        progress,
+        precision,
+        data.loader_args,
+        wall_time_s,
+        compute_images_per_sec=model_rate,
+        profile_trace=profiler.trace,
+    )
     metrics.finish(summary, finished)
     return summary
 

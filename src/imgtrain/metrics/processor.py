@@ -191,8 +191,10 @@ class Metrics:
         loader_args: dict,
         wall_time_s: float,
         compute_images_per_sec: float | None = None,
+        profile_trace: str | None = None,
     ) -> dict[str, Any]:
-        """The run's final figures, reduced over ranks (every rank must call it)."""
+        """The run's final figures, reduced over ranks (every rank must call it); `profile_trace`: rank 0's
+        trace of trainer.profile=true, if written."""
         self.faults.merge_unreadable()
         perf, resources = self.meter.summary(), self.monitor.summary()
         measured = perf["images_per_sec"] is not None
@@ -238,6 +240,7 @@ class Metrics:
             ],
             "nonfinite_steps": progress.nonfinite_steps,
             "wall_time_s": wall_time_s,
+            "profile_trace": profile_trace,
             "loader": loader_args["train"],
             "loader_val": loader_args["val"],
             "batch_size_global": loader_args["train"]["batch_size"] * info.world_size,

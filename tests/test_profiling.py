@@ -1,0 +1,119 @@
+"""trainer.profile=true: the Profiler component on a toy workload, and one real run (slow) with the loop's ranges."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import FAST, compose_cfg
+
+from imgtrain.config import TrainerConfig
+from imgtrain.dist import DistInfo
+from imgtrain.profiling import PREFIX, RANGES, Profiler, no_range
+from imgtrain.run import run
+
+CPU = torch.device("cpu")
+
+
+def _profiler(tmp_path: Path, steps_left: int, rank: int = 0, **trainer) -> Profiler:
+    settings = TrainerConfig(**{"profile": True, "warmup_steps": 0, "profile_steps": 2, **trainer})
+    return Profiler(settings, CPU, DistInfo(rank=rank, world_size=rank + 1), tmp_path, steps_left=steps_left)
+
+
+def _steps(profiler: Profiler, count: int) -> None:
+    """`count` toy steps, each with every labelled range the loop marks."""
+    for _ in range(count):
+        for name in RANGES:
+            with profiler.range(name):
+                torch.ones(16, 16).matmul(torch.ones(16, 16))
+        profiler.step()
+
+
+def _names_in(trace: Path) -> set[str]:
+    with gzip.open(trace, "rt") as file:
+        return {event.get("name", "") for event in json.load(file)["traceEvents"]}
+
+
+def test_off_the_ranges_are_one_shared_noop(tmp_path: Path) -> None:
+    for profiler in (_profiler(tmp_path, 100, profile=False), _profiler(tmp_path, 100, rank=1)):  # off; rank 1
+        with profiler:
+            _steps(profiler, 4)
+            assert isinstance(profiler.range("forward"), contextlib.nullcontext)
+            assert profiler.range("forward") is profiler.range("h2d") is no_range("data_wait")  # nothing built
+        assert profiler.trace is None
+    assert not (tmp_path / "profile").exists()
+
+
+def test_the_trace_holds_every_labelled_range(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    profiler = _profiler(tmp_path, steps_left=10)  # 0 wait + 1 profiler warm-up + 2 recorded steps
+    with caplog.at_level(logging.INFO, logger="imgtrain.profiling"), profiler:
+        _steps(profiler, 3)
+        assert profiler.trace == str(tmp_path / "profile" / "trace_rank0.json.gz")
+        assert isinstance(profiler.range("forward"), contextlib.nullcontext)  # written: ranges off from here
+        _steps(profiler, 2)  # the rest of the run: no error, nothing rewritten
+    names = _names_in(Path(profiler.trace))
+    assert {PREFIX + name for name in RANGES} <= names
+    assert {"ProfilerStep#1", "ProfilerStep#2"} <= names and "ProfilerStep#0" not in names  # #0: warm-up
+    table = (tmp_path / "profile" / "top_ops_rank0.txt").read_text()
+    assert "Self CPU" in table and "aten::mm" in table
+    assert "https://ui.perfetto.dev" in caplog.text and "Self CPU" in caplog.text
+
+
+def test_a_run_shorter_than_the_schedule_says_so_and_writes_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="imgtrain.profiling"):
+        profiler = _profiler(tmp_path, steps_left=5, warmup_steps=2, profile_steps=3)  # needs 2 + 1 + 3
+        with profiler:
+            _steps(profiler, 5)
+    assert "trainer.profile=true needs 6 steps" in caplog.text and "this run has 5 to go" in caplog.text
+    assert profiler.trace is None and not (tmp_path / "profile").exists()
+
+
+def test_a_run_stopped_while_recording_writes_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="imgtrain.profiling"):
+        profiler = _profiler(tmp_path, steps_left=10, profile_steps=3)
+        with pytest.raises(KeyboardInterrupt), profiler:
+            _steps(profiler, 2)  # warm-up and one recorded step of three
+            raise KeyboardInterrupt
+    assert "stopped after 2 of 4 steps: no trace written" in caplog.text
+    assert profiler.trace is None and not (tmp_path / "profile").exists()
+
+
+def test_a_trace_that_cannot_be_written_costs_the_trace_only(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "profile").write_text("a file where the folder would go")
+    with caplog.at_level(logging.WARNING, logger="imgtrain.profiling"):
+        profiler = _profiler(tmp_path, steps_left=10)
+        with profiler:
+            _steps(profiler, 5)  # the training goes on
+    assert "profiler: could not write" in caplog.text and "stopped after" not in caplog.text
+    assert profiler.trace is None
+
+
+@pytest.mark.slow  # trains: debug=fast, 8 steps (8 s on the 2-core VM, generating the shapes included)
+def test_a_profiled_run_labels_the_loop(tmp_path: Path, data_dir: Path) -> None:
+    run(compose_cfg(*FAST, "trainer.device=cpu", "trainer.profile=true", output_dir=str(tmp_path)))
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    trace = tmp_path / "profile" / "trace_rank0.json.gz"
+    assert metrics["profile_trace"] == str(trace)
+    names = _names_in(trace)
+    assert {f"imgtrain/{name}" for name in ("data_wait", "h2d", "forward", "backward", "optimizer")} <= names
+    assert "ProfilerStep#3" in names and "ProfilerStep#7" in names  # steps 4-8: after 2 warm-up + 1 profiler
+    assert (tmp_path / "profile" / "top_ops_rank0.txt").read_text().count("aten::") >= 5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: run `make test-gpu` on a GPU")
+def test_a_profiled_cuda_run_records_kernels(tmp_path: Path, data_dir: Path) -> None:
+    run(compose_cfg(*FAST, "trainer.device=cuda", "trainer.profile=true", output_dir=str(tmp_path)))
+    trace = tmp_path / "profile" / "trace_rank0.json.gz"
+    with gzip.open(trace, "rt") as file:
+        events = json.load(file)["traceEvents"]
+    assert {PREFIX + name for name in RANGES} <= {event.get("name", "") for event in events}
+    assert any(event.get("cat") == "kernel" for event in events)  # CUDA activity: the GPU's own timeline
+    assert "CUDA" in (tmp_path / "profile" / "top_ops_rank0.txt").read_text()  # sorted by self CUDA time
