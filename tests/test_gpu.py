@@ -194,6 +194,9 @@ def test_truncated_and_cmyk_jpegs_are_skipped_and_counted(tmp_path: Path, data_d
     metrics = read_metrics(tmp_path / "run")
     assert metrics["skipped_samples"] == 4  # two files, read once in each of two epochs
     assert metrics["steps"] == 12 and math.isfinite(metrics["val_loss"])
+    env = metrics["environment"]  # the pre-flight fingerprint on a GPU: NVML's driver, nvJPEG's version
+    assert env["gpu_name"] == torch.cuda.get_device_name(0) and env["driver"] and env["cudnn"]
+    assert env["decoder"]["in_use"].startswith("nvJPEG") and env["decoder"]["nvjpeg"] and env["probe_ms"] < 1000
 
 
 # ----------------------------------------------------------------------------- resume and precision

@@ -36,6 +36,7 @@ def test_run_prints_summary_table(smoke_run) -> None:
     assert "Run summary" in result.stdout
     assert "images/s (steady state)" in result.stdout
     assert "Traceback" not in result.stderr
+    assert "pre-flight: /dev/shm" in result.stdout  # the checks' summary line (warnings, if any, come before it)
 
 
 def test_effective_loader_args_are_logged_and_saved(smoke_run) -> None:
@@ -63,6 +64,12 @@ def test_metrics_json_holds_the_final_summary(smoke_run) -> None:
     assert metrics["measured_steps"] == 6  # 8 steps minus 2 warm-up steps
     assert len(metrics["images_per_sec_windows"]) == 3
     assert metrics["rss_peak_gb"] > 0.1
+    env = metrics["environment"]  # the pre-flight fingerprint (imgtrain.preflight)
+    assert env["torch"] == metrics["torch_version"] and env["torchvision"] == metrics["torchvision_version"]
+    assert env["python"].count(".") == 2 and env["cpus_available"] >= 1 and env["gpu_name"] is None
+    assert env["decoder"]["in_use"].startswith("torchvision.io.decode_image") and env["decoder"]["pillow"]
+    assert isinstance(env["warnings"], list) and env["data_root"].endswith("shapes")
+    assert env["probe_ms"] < 1000  # cheap: 4 to 14 ms on a busy 2-core machine
 
 
 def test_tensorboard_has_the_tags(smoke_run) -> None:

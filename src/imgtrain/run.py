@@ -29,6 +29,7 @@ from imgtrain.loop import Components, fit
 from imgtrain.metrics import Metrics
 from imgtrain.model import memory_format_for, prepare_model, resolve_precision
 from imgtrain.optim import build_step
+from imgtrain.preflight import preflight
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ def _train_locked(
     seed_everything(trainer.seed, trainer.deterministic)
     memory_format = memory_format_for(trainer.channels_last, device)
     data = build_data(settings, info, device, memory_format, out_dir)
+    environment = preflight(settings, info, device, data)  # warns of limits the loaders will likely hit
     steps_per_epoch = len(data.train)
     total_steps = min(trainer.epochs * steps_per_epoch, trainer.max_steps or math.inf)
     epochs = math.ceil(total_steps / steps_per_epoch)
@@ -118,7 +120,7 @@ def _train_locked(
     if progress.step >= total_steps and finished.exists():
         log.info("this run already finished at step %d: %s is kept as it is", progress.step, finished)
         return json.loads(finished.read_text())
-    metrics = Metrics(settings, device, info, out_dir, faults, also_agreeing=[checkpointer])
+    metrics = Metrics(settings, device, info, out_dir, faults, also_agreeing=[checkpointer], environment=environment)
     lr = lambda: step.scheduler.get_last_lr()[0]  # noqa: E731
     with faults, checkpointer.writing(), metrics.running(progress.step, total_steps, lr=lr):
         fit(model, data, step, Components(faults, metrics, checkpointer, progress), settings.mode, epochs)
