@@ -65,6 +65,7 @@ def test_other_ranks_print_warnings_only(ddp_run) -> None:
     _, result = ddp_run
     assert result.stdout.count("DataLoader (train):") == 1  # an INFO line: rank 0 alone prints it
     assert result.stdout.count("Run summary") == 1
+    assert result.stdout.count("pre-flight: /dev/shm") == 1  # the pre-flight summary, rank 0's alone
 
 
 @pytest.mark.slow  # several torchrun or submitit processes

@@ -68,6 +68,19 @@ def test_other_errors_pass_through() -> None:
     assert explain_loader_failure("CUDA error: out of memory", DataConfig()) is None
 
 
+def test_a_full_shm_raised_in_a_worker_is_explained() -> None:
+    """What torch 2.15 said when 8 batches of 9.8 MB met a 64 MB /dev/shm (a real run, README)."""
+    message = (
+        "Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+        '  File "torch/storage.py", line 423, in _new_shared\n    return cls._new_using_fd_cpu(size)\n'
+        "RuntimeError: unable to allocate shared memory(shm) for file </torch_15171_858738049_6>: "
+        "No space left on device (28)"
+    )
+    explained = explain_loader_failure(message, DataConfig())
+    assert explained.startswith("RuntimeError: unable to allocate shared memory(shm)") and "--shm-size" in explained
+    assert explain_loader_failure("Caught KeyError in DataLoader worker process 0.\nKeyError: 3", DataConfig()) is None
+
+
 def test_unreadable_images_are_replaced_and_reported(tmp_path) -> None:
     from imgtrain.data.datasets import build_shapes
 

@@ -197,6 +197,9 @@ def test_truncated_and_cmyk_jpegs_are_skipped_and_counted(tmp_path: Path, data_d
     assert stages["gpu_decode"] > 0 and stages["read"] > 0  # decode on the GPU, in the decode thread
     assert stages["decode"] == 0 and stages["h2d"] is None  # workers only read; decoded images are already there
     assert metrics["steps"] == 12 and math.isfinite(metrics["val_loss"])
+    env = metrics["environment"]  # the pre-flight fingerprint on a GPU: NVML's driver, nvJPEG's version
+    assert env["gpu_name"] == torch.cuda.get_device_name(0) and env["driver"] and env["cudnn"]
+    assert env["decoder"]["in_use"].startswith("nvJPEG") and env["decoder"]["nvjpeg"] and env["probe_ms"] < 1000
 
 
 # ----------------------------------------------------------------------------- resume and precision

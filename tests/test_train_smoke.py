@@ -45,6 +45,7 @@ def test_run_prints_summary_table(smoke_run) -> None:
     assert "images/s (steady state)" in result.stdout
     assert "PSS peak incl. workers (GB)" in result.stdout
     assert "Traceback" not in result.stderr
+    assert "pre-flight: /dev/shm" in result.stdout  # the checks' summary line (warnings, if any, come before it)
 
 
 def test_effective_loader_args_are_logged_and_saved(smoke_run) -> None:
@@ -73,6 +74,12 @@ def test_metrics_json_holds_the_final_summary(smoke_run) -> None:
     assert len(metrics["images_per_sec_windows"]) == 3
     assert metrics["rss_peak_gb"] > 0.1
     assert metrics["profile_trace"] is None  # trainer.profile=false: no trace
+    env = metrics["environment"]  # the pre-flight fingerprint (imgtrain.preflight)
+    assert env["torch"] == metrics["torch_version"] and env["torchvision"] == metrics["torchvision_version"]
+    assert env["python"].count(".") == 2 and env["cpus_available"] >= 1 and env["gpu_name"] is None
+    assert env["decoder"]["in_use"].startswith("torchvision.io.decode_image") and env["decoder"]["pillow"]
+    assert isinstance(env["warnings"], list) and env["data_root"].endswith("shapes")
+    assert env["probe_ms"] < 1000  # cheap: 4 to 14 ms on a busy 2-core machine
     if memory.HAS_PSS:  # Linux: shared pages counted once, so below RSS, which counts them in every process
         assert 0.0 < metrics["pss_peak_gb"] < metrics["rss_peak_gb"]
     else:

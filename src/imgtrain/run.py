@@ -31,6 +31,7 @@ from imgtrain.metrics import Metrics
 from imgtrain.metrics.pipeline import PipelineMeter
 from imgtrain.model import memory_format_for, prepare_model, resolve_precision
 from imgtrain.optim import build_step
+from imgtrain.preflight import preflight
 from imgtrain.profiling import Profiler
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ def _train_locked(
     model, base = prepare_model(settings, data.bundle.num_classes, device, memory_format, info)
     if settings.data.num_workers == TUNE:
         _tune_workers(settings, data, info, device, (base, precision, memory_format), out_dir)
+    environment = preflight(settings, info, device, data)  # warns of limits the loaders will likely hit
     step = build_step(settings, base, device, precision, (steps_per_epoch, total_steps))
     log.info(
         "device %s, precision %s, world size %d, %d epoch(s) x %d steps (%d steps in all)",
@@ -125,7 +127,16 @@ def _train_locked(
         return json.loads(finished.read_text())
     workers = data.loader_args["train"]["num_workers"]
     pipeline = PipelineMeter(workers, data.feed.copy_timer)
-    metrics = Metrics(settings, device, info, out_dir, faults, also_agreeing=[checkpointer], pipeline=pipeline)
+    metrics = Metrics(
+        settings,
+        device,
+        info,
+        out_dir,
+        faults,
+        also_agreeing=[checkpointer],
+        pipeline=pipeline,
+        environment=environment,
+    )
     profiler = Profiler(trainer, device, info, out_dir, steps_left=total_steps - progress.step)
     parts = Components(faults, metrics, checkpointer, progress, profiler)
     lr = lambda: step.scheduler.get_last_lr()[0]  # noqa: E731

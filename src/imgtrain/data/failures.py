@@ -63,7 +63,10 @@ def _free_gb(path: str) -> str:
 
 def explain_loader_failure(message: str, data: DataConfig) -> str | None:
     """The likely cause and the setting to change for a DataLoader error message; None if it is not one."""
-    first = message.strip().splitlines()[0] if message.strip() else message
+    lines = message.strip().splitlines() or [message]
+    # An exception raised in a worker arrives as "Caught X in DataLoader worker process N." and its traceback:
+    # the last line says what happened (torch's "unable to allocate shared memory(shm) ...: No space left").
+    first = lines[-1] if lines[0].startswith("Caught ") else lines[0]
     fewer = "lower data.num_workers, data.prefetch_factor or data.batch_size"
     if "timed out after" in first:
         return (

@@ -65,10 +65,12 @@ class Metrics:
         faults: Faults,
         also_agreeing: Sequence[Agreeing] = (),
         pipeline: PipelineMeter | None = None,
+        environment: dict[str, Any] | None = None,
     ):
         trainer = settings.trainer
         self.settings, self.device, self.info, self.faults = settings, device, info, faults
         self.parties: list[Agreeing] = [faults, *also_agreeing]  # what the window's exchange carries
+        self.environment = environment  # the pre-flight fingerprint (preflight.py); may be replaced before summary
         self.merged: dict[str, Any] = {}
         self.log_every, self.warmup_steps = trainer.log_every_n_steps, trainer.warmup_steps
         self.losses = settings.mode != Mode.loader  # mode=loader's stand-in model has no loss worth showing
@@ -254,6 +256,7 @@ class Metrics:
             "torch_version": torch.__version__,
             "torchvision_version": torchvision.__version__,
             "cpu_count": available_cpus(),
+            "environment": self.environment,
         }
 
     def finish(self, summary: dict[str, Any], path: Path) -> None:
