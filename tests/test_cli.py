@@ -45,7 +45,7 @@ FAKE_ONE_GPU = "import torch; torch.cuda.is_available = lambda: True; torch.cuda
 TWO_PROCESSES = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
 
 BAD_INPUT = [
-    ("data.num_workers=-1", "data.num_workers=-1 is invalid: expected an integer >= 0 or auto"),
+    ("data.num_workers=-1", "data.num_workers=-1 is invalid: expected an integer >= 0, auto or tune"),
     ("data.batch_size=0", "data.batch_size=0 is invalid: expected an integer >= 1"),
     ("data.prefetch_factor=0", "data.prefetch_factor=0 is invalid: expected null or an integer >= 1"),
     ("data.multiprocessing_context=threads", "expected one of [fork, spawn, forkserver]"),
@@ -82,7 +82,7 @@ def test_bad_input_is_one_clear_line(override: str, expected: str, tmp_path: Pat
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("data.num_workers=-1", "error: data.num_workers=-1 is invalid: expected an integer >= 0 or auto"),
+        ("data.num_workers=-1", "error: data.num_workers=-1 is invalid: expected an integer >= 0, auto or tune"),
         ("trainer.device=cuda {fake_gpu}", "2 processes on this node but only 1 GPU(s) are visible"),
     ],
     ids=["validation", "device"],

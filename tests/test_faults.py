@@ -59,6 +59,7 @@ def test_a_crashed_worker_gets_a_cause_and_a_setting(signum: int, expected: list
         assert part in message, message
 
 
+@pytest.mark.slow  # about 10 s: the worker must outlive data.timeout
 def test_data_timeout_turns_a_stuck_worker_into_an_error() -> None:
     with pytest.raises(RunError, match=r"timed out after 1 seconds: data.timeout=1 s passed without a batch"):
         _first_batch(_Faulty(sleep_s=2.5), timeout=1)

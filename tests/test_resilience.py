@@ -65,6 +65,7 @@ def straight(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # about 35 s with its fixture: CI runs it in make test-slow
 def test_sigterm_saves_and_the_resumed_run_matches_an_uninterrupted_one(
     straight: Path, tmp_path: Path, data_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
