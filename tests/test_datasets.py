@@ -23,9 +23,9 @@ from torchvision.datasets import cifar as cifar_module
 
 import imgtrain
 from imgtrain.data import shapes
+from imgtrain.data.cifar import build_cifar
 from imgtrain.data.datasets import (
     DatasetBundle,
-    build_cifar,
     build_imagefolder,
     build_shapes,
     build_synthetic,

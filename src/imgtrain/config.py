@@ -214,7 +214,7 @@ class ImageFolderConfig(DatasetConfig):
 class CifarConfig(DatasetConfig):
     """torchvision's CIFAR-10/100; downloaded on first use, with a clear message when offline."""
 
-    _target_: str = "imgtrain.data.datasets.build_cifar"
+    _target_: str = "imgtrain.data.cifar.build_cifar"
     name: str = "cifar10"  # cifar10 or cifar100
     root: str = "${data_dir}/cifar"
     download: bool = True

@@ -166,7 +166,11 @@ def _tune_workers(
         return
     base, precision, memory_format = compute
     model_rate = functools.partial(tune.compute_rate, base, settings, device, precision, memory_format)
-    tuned = tune.tune_workers(data.bundle.train, settings, data.feed, info, model_rate)
+    try:
+        tuned = tune.tune_workers(data.bundle.train, settings, data.feed, info, model_rate)
+    except (RuntimeError, OSError) as error:  # a probe's workers failed: training would say why, with its count
+        log.warning("data.num_workers=tune: the probe failed (%s); keeping auto's count", one_line(error))
+        return
     use_tuned_workers(data, settings, info, device, tuned)
     save_loader_args(data, info, out_dir)
 

@@ -8,7 +8,6 @@ Every transform is a module-level torchvision object, so datasets pickle for spa
 from __future__ import annotations
 
 import os
-import socket
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -18,7 +17,6 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
-from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
@@ -27,11 +25,6 @@ from imgtrain.data import shapes, stages
 from imgtrain.data.jpeg import EncodedJpeg, jpeg_problem
 from imgtrain.errors import ConfigError
 
-DOWNLOAD_TIMEOUT_S = 20.0  # socket timeout for the CIFAR download, so an offline machine fails fast
-CIFAR_FILES = {
-    "cifar10": (CIFAR10, "cifar-10-python.tar.gz", "cifar-10-batches-py"),
-    "cifar100": (CIFAR100, "cifar-100-python.tar.gz", "cifar-100-python"),
-}
 # torchvision 0.29 deprecates its decoders in favour of TorchCodec (not a dependency) and warns on every call.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision")
 LAYOUT_HINT = "expected root/<class>/*.jpg or root/train/<class>/ and root/val/<class>/"
@@ -72,7 +65,7 @@ def eval_transform(image_size: int, resize: int | None = None) -> v2.Compose:
     return v2.Compose([v2.Resize(resize or int(image_size / 0.875), antialias=True), v2.CenterCrop(image_size)])
 
 
-def _square_resize(image_size: int) -> v2.Resize:
+def square_resize(image_size: int) -> v2.Resize:
     return v2.Resize((image_size, image_size), antialias=True)  # a no-op when the size already matches
 
 
@@ -259,14 +252,14 @@ def build_shapes(
     train_paths, train_labels, classes = list_images(os.path.join(base, "train"), class_to_idx)
     val_paths, val_labels, _ = list_images(os.path.join(base, "val"), class_to_idx)
     # Milder crops than ImageNet's: one object fills the frame, and a small crop could cut it out.
-    train_tf = train_transform(image_size, min_scale=0.6) if augment else _square_resize(image_size)
+    train_tf = train_transform(image_size, min_scale=0.6) if augment else square_resize(image_size)
     return DatasetBundle(
         train=ImageFileDataset(train_paths, train_labels, classes, train_tf),
-        val=ImageFileDataset(val_paths, val_labels, classes, _square_resize(image_size)),
+        val=ImageFileDataset(val_paths, val_labels, classes, square_resize(image_size)),
         num_classes=len(classes),
         image_size=image_size,
-        mean=_triple(mean),
-        std=_triple(std),
+        mean=triple(mean),
+        std=triple(std),
         name=name,
         classes=classes,
     )
@@ -293,7 +286,7 @@ def build_synthetic(
         return TensorImageDataset(images, labels, classes)
 
     train = make(num_train)
-    return DatasetBundle(train, make(num_val), num_classes, image_size, _triple(mean), _triple(std), name, classes)
+    return DatasetBundle(train, make(num_val), num_classes, image_size, triple(mean), triple(std), name, classes)
 
 
 def build_imagefolder(
@@ -321,58 +314,13 @@ def build_imagefolder(
         val=files(val_paths, val_labels, classes, val_tf),
         num_classes=len(classes),
         image_size=image_size,
-        mean=_triple(mean),
-        std=_triple(std),
+        mean=triple(mean),
+        std=triple(std),
         name=name,
         classes=classes,
     )
 
 
-def build_cifar(
-    name: str, image_size: int, mean: Any, std: Any, augment: bool, root: str, download: bool
-) -> DatasetBundle:
-    """torchvision's CIFAR-10/100 as uint8 tensors; a one-line ConfigError when the files are missing."""
-    if name not in CIFAR_FILES:
-        raise ConfigError(f"dataset.name={name} is invalid: accepted values are cifar10, cifar100")
-    root = os.path.abspath(os.path.expanduser(root))
-    train_set, val_set = (_load_cifar(name, root, train, download) for train in (True, False))
-    resize = [] if image_size == 32 else [_square_resize(image_size)]
-    train_tf = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(), *resize]) if augment else None
-    val_tf = resize[0] if resize else None
-
-    def wrap(ds: CIFAR10, transform: Any) -> TensorImageDataset:
-        images = torch.from_numpy(np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2)))  # NHWC -> NCHW
-        return TensorImageDataset(images, np.asarray(ds.targets), ds.classes, transform)
-
-    return DatasetBundle(
-        train=wrap(train_set, train_tf or val_tf),
-        val=wrap(val_set, val_tf),
-        num_classes=len(train_set.classes),
-        image_size=image_size,
-        mean=_triple(mean),
-        std=_triple(std),
-        name=name,
-        classes=list(train_set.classes),
-    )
-
-
-def _load_cifar(name: str, root: str, train: bool, download: bool) -> CIFAR10:
-    cls, archive, folder = CIFAR_FILES[name]
-    previous = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
-    try:
-        return cls(root, train=train, download=download)
-    except (OSError, RuntimeError) as err:  # URLError is an OSError; missing files with download=False
-        why = "the download failed (offline?)" if download else "dataset.download=false"
-        raise ConfigError(
-            f"dataset={name}: no dataset files under {root} and {why}. Download {archive} from "
-            f"https://www.cs.toronto.edu/~kriz/cifar.html and put it in {root}/ "
-            f"(or extract it there as {folder}/)"
-        ) from err
-    finally:
-        socket.setdefaulttimeout(previous)
-
-
-def _triple(values: Any) -> tuple[float, float, float]:
+def triple(values: Any) -> tuple[float, float, float]:
     a, b, c = (float(v) for v in values)
     return a, b, c
