@@ -30,7 +30,7 @@ ddp: $(STAMP) ## Train with DDP: NPROC (default 2) processes via torchrun; gloo 
 sweep: $(STAMP) ## Sweep data.num_workers (0,1,2) for a fixed step budget; ends with sweep_summary.{csv,md,png}
 	$(BIN)/python train.py -m data.num_workers=0,1,2 trainer.max_steps=150 $(ARGS)
 
-bench: $(STAMP) ## The benchmark harness (~25 min on 2 CPUs; the checkpoint section is 16): JSON in benchmarks/results/, report appended to BENCHMARKS.md
+bench: $(STAMP) ## The benchmark harness (~35 min on 2 CPUs; the checkpoint section is 16, breakdown 10): JSON in benchmarks/results/, report appended to BENCHMARKS.md
 	$(BIN)/python benchmarks/bench.py $(ARGS)
 
 bench-quick: $(STAMP) ## The harness's smoke test: every path, few steps, report to a temporary directory
