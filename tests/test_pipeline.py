@@ -121,6 +121,8 @@ def test_workers_taking_the_cpus_the_model_needs_is_not_called_compute_bound() -
     assert "most of it in decode (3.00 ms per image)" in verdict and "data.num_workers=3" in verdict
     fine = _summary(0.02, per_image, pipeline={"compute_images_per_sec": 200.0}, images_per_sec_per_process=190.0)
     assert report.verdict(fine).endswith("(training ran at 95% of the model's own 200.0 images/s)")
+    faster = _summary(0.02, per_image, pipeline={"compute_images_per_sec": 95.8}, images_per_sec_per_process=123.8)
+    assert report.verdict(faster).endswith("ran 95.8 images/s: training kept up with it)")
 
 
 def test_the_compute_probe_runs_when_loading_and_training_ask_for_more_cpus_than_there_are(monkeypatch) -> None:

@@ -227,6 +227,7 @@ def test_rerunning_a_finished_run_keeps_its_results(tmp_path: Path, caplog: pyte
     assert (tmp_path / "metrics.json").read_text() == before
 
 
+@pytest.mark.slow  # about 19 s: CI runs it in make test-slow
 def test_a_full_disk_keeps_the_previous_checkpoint_and_stops_resumably(
     straight: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 STAGES = ("read", "decode", "augment", "collate", "transfer", "h2d", "gpu_decode")
 WORKER_STAGES = ("read", "decode", "augment", "collate")
 STAGE_CAPTION = (
-    "read, decode, augment, collate: CPU time in the workers, summed over workers, per image;\n"
+    "read, decode, augment, collate: time in the workers (wall clock), summed over workers, per image;\n"
     "transfer, h2d, gpu_decode: time in the training process, per image"
 )
 

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 AHEAD = 1.25  # the loader must deliver this many times the model's rate: headroom for jitter and validation
 STARTUP_SHARE = 0.3  # of each probe's time slot left for starting its workers (not timed)
 MIN_PROBE_S = 0.5
+WARMUP_STEPS = 2  # untimed steps before the compute probe's clock starts
 CONTENTION_PROBE_S = 3.0  # the model's own rate after training, when workers and training may share CPUs
 
 
@@ -55,7 +56,8 @@ def compute_rate(
         step.scaler.step(step.optimizer)
         step.scaler.update()
 
-    one_step()  # warm-up: allocations, cuDNN autotuning
+    for _ in range(WARMUP_STEPS):  # allocations, cuDNN autotuning, oneDNN primitives
+        one_step()
     _sync(device)
     started, steps = time.perf_counter(), 0
     while steps < 2 or time.perf_counter() - started < seconds:

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-WORKER_STAGES = ("read", "decode", "augment", "collate")  # CPU time in the workers
+WORKER_STAGES = ("read", "decode", "augment", "collate")  # timed in the workers (wall clock)
 LOOP_STAGES = ("transfer", "h2d", "gpu_decode")  # time in the training process
 STAGES = (*WORKER_STAGES, *LOOP_STAGES)
 

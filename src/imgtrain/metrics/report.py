@@ -113,9 +113,11 @@ def _own_rate(summary: dict[str, Any]) -> str:
     """`(training ran at 73% of the model's own 140.8 images/s)`, when the model's own rate was measured."""
     compute = (summary.get("pipeline") or {}).get("compute_images_per_sec")
     rate = summary.get("images_per_sec_per_process")
-    return (
-        f" (training ran at {rate / compute:.0%} of the model's own {compute:.1f} images/s)" if compute and rate else ""
-    )
+    if not compute or not rate:
+        return ""
+    if rate > compute:  # the probe is a few seconds of steps: within its noise, training kept up with it
+        return f" (the model alone, timed for a few seconds, ran {compute:.1f} images/s: training kept up with it)"
+    return f" (training ran at {rate / compute:.0%} of the model's own {compute:.1f} images/s)"
 
 
 def why_not_measured(steps_run: int, warmup_steps: int) -> str:
