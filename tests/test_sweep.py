@@ -274,7 +274,7 @@ def test_the_stage_panel_stacks_each_measured_stage_per_job(tmp_path: Path) -> N
     _mixed_sweep(tmp_path)
     _, fig = _drawn(tmp_path)
     (stage_ax,) = [ax for ax in fig.axes if ax.get_ylabel() == "ms per image"]
-    assert "workers, summed over workers" in stage_ax.get_title()
+    assert "time in the workers (wall clock), summed over workers" in stage_ax.get_title()
     assert [label.get_text().split("\n")[0] for label in stage_ax.get_xticklabels()] == ["job 0", "job 1"]
     bars = {container.get_label(): container.patches for container in stage_ax.containers}
     assert list(bars) == ["read", "decode", "augment", "collate", "transfer", "h2d"]  # gpu_decode never measured
