@@ -67,7 +67,7 @@ def _meter_with(batches: int, workers: int, seconds: float, wait: float, transfe
     for _ in range(batches):
         times = stages.BatchTimes(read=0.008, decode=0.032, augment=0.016, collate=0.004, busy=0.06, samples=8)
         meter.add(wait, transfer, times)
-    values = meter.close_window(seconds, 8 * batches, steady=True)
+    values = meter.close_window(seconds, steady=True)
     return values | {"summary": meter.summary()}
 
 

@@ -10,6 +10,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -108,8 +109,12 @@ def _train_locked(
     total_steps = min(trainer.epochs * steps_per_epoch, trainer.max_steps or math.inf)
     epochs = math.ceil(total_steps / steps_per_epoch)
     model, base = prepare_model(settings, data.bundle.num_classes, device, memory_format, info)
+    # the model's own images/s in `seconds`: a copy of it on a batch already on the device (tune.compute_rate)
+    model_rate = functools.partial(
+        tune.compute_rate, base, data.bundle.num_classes, settings, device, precision, memory_format
+    )
     if settings.data.num_workers == TUNE:
-        _tune_workers(settings, data, info, device, (base, precision, memory_format), out_dir)
+        _tune_workers(settings, data, info, device, model_rate, out_dir)
     environment = preflight(settings, info, device, data)  # warns of limits the loaders will likely hit
     step = build_step(settings, base, device, precision, (steps_per_epoch, total_steps))
     log.info(
@@ -142,14 +147,14 @@ def _train_locked(
     lr = lambda: step.scheduler.get_last_lr()[0]  # noqa: E731
     with faults, checkpointer.writing(), metrics.running(progress.step, total_steps, lr=lr), profiler:
         fit(model, data, step, parts, settings.mode, epochs)
-    model_rate = _model_rate(settings, data, metrics, device, (base, precision, memory_format))
+    own_rate = _own_rate(settings, data, metrics, device, model_rate)
     wall_time_s = time.perf_counter() - started
     summary = metrics.summary(
         progress,
         precision,
         data.loader_args,
         wall_time_s,
-        compute_images_per_sec=model_rate,
+        compute_images_per_sec=own_rate,
         profile_trace=profiler.trace,
     )
     metrics.finish(summary, finished)
@@ -157,15 +162,18 @@ def _train_locked(
 
 
 def _tune_workers(
-    settings: Config, data: RunData, info: dist.DistInfo, device: torch.device, compute: tuple, out_dir: Path
+    settings: Config,
+    data: RunData,
+    info: dist.DistInfo,
+    device: torch.device,
+    model_rate: Callable[[float], float],
+    out_dir: Path,
 ) -> None:
     """data.num_workers=tune: probe, then train with the chosen count; auto's count where there is no loader."""
     if settings.mode != Mode.train or settings.data.device_resident:
         why = f"mode={settings.mode}" if settings.mode != Mode.train else "data.device_resident=true"
         log.info("data.num_workers=tune: nothing to probe with %s; keeping auto's count", why)
         return
-    base, precision, memory_format = compute
-    model_rate = functools.partial(tune.compute_rate, base, settings, device, precision, memory_format)
     try:
         tuned = tune.tune_workers(data.bundle.train, settings, data.feed, info, model_rate)
     except (RuntimeError, OSError) as error:  # a probe's workers failed: training would say why, with its count
@@ -175,7 +183,9 @@ def _tune_workers(
     save_loader_args(data, info, out_dir)
 
 
-def _model_rate(settings: Config, data: RunData, metrics: Metrics, device: torch.device, compute: tuple):
+def _own_rate(
+    settings: Config, data: RunData, metrics: Metrics, device: torch.device, model_rate: Callable[[float], float]
+) -> float | None:
     """The model's own images/s, for telling CPU contention from compute-bound: the tune probe's, or timed now
     (with the workers idle) when trainer.compute_probe says so."""
     tuned = data.loader_args.get("tune")
@@ -186,7 +196,6 @@ def _model_rate(settings: Config, data: RunData, metrics: Metrics, device: torch
     probe = settings.trainer.compute_probe
     if settings.mode != Mode.train or not tune.contention_plausible(probe, wait_frac, busy_cores, workers, device):
         return None
-    base, precision, memory_format = compute
-    rate = tune.compute_rate(base, settings, device, precision, memory_format, tune.CONTENTION_PROBE_S)
+    rate = model_rate(tune.CONTENTION_PROBE_S)
     log.info("the model alone (a copy, on a batch already on %s): %.1f images/s", device, rate)
     return rate

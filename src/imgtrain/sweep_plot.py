@@ -9,12 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from imgtrain.data.stages import STAGES, WORKER_STAGES  # metrics.json's `pipeline.stage_ms_per_image`, in order
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-# The input pipeline's stages in metrics.json's `pipeline.stage_ms_per_image`, in the order a batch meets them.
-STAGES = ("read", "decode", "augment", "collate", "transfer", "h2d", "gpu_decode")
-WORKER_STAGES = ("read", "decode", "augment", "collate")
 STAGE_CAPTION = (
     "read, decode, augment, collate: time in the workers (wall clock), summed over workers, per image;\n"
     "transfer, h2d, gpu_decode: time in the training process, per image"

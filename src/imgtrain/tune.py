@@ -9,7 +9,6 @@ more workers only take CPU and memory from the training process (pytorch/pytorch
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -22,7 +21,8 @@ from torch import nn
 from imgtrain import dist
 from imgtrain.config import Config, Precision
 from imgtrain.data.feed import Feed
-from imgtrain.data.loader import LoaderPlan, build_loader, plan_loader
+from imgtrain.data.loader import LoaderPlan, build_loader
+from imgtrain.data.pipeline import plan_with_workers
 from imgtrain.host import available_cpus
 from imgtrain.metrics.report import INPUT_BOUND_WAIT
 from imgtrain.optim import build_step
@@ -37,16 +37,22 @@ CONTENTION_PROBE_S = 3.0  # the model's own rate after training, when workers an
 
 
 def compute_rate(
-    base: nn.Module, settings: Config, device: torch.device, precision: Precision, memory_format: Any, seconds: float
+    base: nn.Module,
+    num_classes: int,
+    settings: Config,
+    device: torch.device,
+    precision: Precision,
+    memory_format: Any,
+    seconds: float,
 ) -> float:
     """Images/s of full training steps (forward, loss, backward, update) on a copy of `base`, with a random batch
     of the run's shape already on the device: the model's rate with no input pipeline and no other load."""
     model = copy.deepcopy(base).train()  # the run's weights and BatchNorm statistics stay untouched
     step = build_step(settings, model, device, precision, (1, 1))
-    size, classes = settings.data.batch_size, model_classes(base)
+    size = settings.data.batch_size
     side = settings.dataset.image_size
     images = torch.randn(size, 3, side, side, device=device).contiguous(memory_format=memory_format)
-    labels = torch.randint(0, classes, (size,), device=device)
+    labels = torch.randint(0, num_classes, (size,), device=device)
 
     def one_step() -> None:
         with step.autocast():
@@ -65,12 +71,6 @@ def compute_rate(
         _sync(device)  # each step timed to its end (microseconds next to a training step)
         steps += 1
     return steps * size / (time.perf_counter() - started)
-
-
-def model_classes(model: nn.Module) -> int:
-    """The number of outputs of the model's last linear layer."""
-    linear = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    return linear[-1].out_features if linear else 10
 
 
 def _sync(device: torch.device) -> None:
@@ -146,13 +146,7 @@ def tune_workers(
     log.info("data.num_workers=tune: the model alone trains %.1f images/s; probing %s workers", rate, counts)
     table: list[dict[str, float]] = []
     for workers in counts:
-        plan = plan_loader(
-            dataclasses.replace(settings.data, num_workers=workers),
-            train=True,
-            device_type=feed.device.type,
-            world_size=info.world_size,
-            local_world_size=info.local_world_size,
-        )
+        plan = plan_with_workers(settings.data, workers, feed.device.type, info)
         measured = loader_rate(dataset, plan, feed, seconds, info, settings.trainer.seed)
         table.append({"num_workers": workers, "images_per_sec": measured})
         log.info(

@@ -88,8 +88,8 @@ class Feed:
 
     def to_model(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch on the device as the model takes it: float32, normalised, in its memory format."""
-        from_host = self.copy_timer is not None and batch.images.device.type == "cpu"
-        with self.copy_timer.span() if from_host else contextlib.nullcontext():
+        timed = self.copy_timer is not None and self.copy_timer.enabled and batch.images.device.type == "cpu"
+        with self.copy_timer.span() if timed else contextlib.nullcontext():
             images = batch.images.to(self.device, non_blocking=self.non_blocking)
             labels = batch.labels.to(self.device, non_blocking=self.non_blocking)
         images = images.to(dtype=torch.float32, memory_format=self.memory_format)

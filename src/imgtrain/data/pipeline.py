@@ -47,16 +47,16 @@ class RunData:
             sampler.set_epoch(epoch, start=samples_done // self.replicas)
 
 
+def plan_with_workers(data: DataConfig, workers: int, device_type: str, info: dist.DistInfo) -> LoaderPlan:
+    """The training loader's plan with `workers` workers in place of data.num_workers (tune's probes and choice)."""
+    common = {"device_type": device_type, "world_size": info.world_size, "local_world_size": info.local_world_size}
+    return plan_loader(dataclasses.replace(data, num_workers=workers), train=True, **common)
+
+
 def use_tuned_workers(data: RunData, settings: Config, info: dist.DistInfo, device: torch.device, tuned: dict) -> None:
     """Rebuild the training loader with the count `data.num_workers=tune` chose, and record the probe with its
     arguments (loader_args.json is written again by `save_loader_args`)."""
-    plan = plan_loader(
-        dataclasses.replace(settings.data, num_workers=tuned["chosen"]),
-        train=True,
-        device_type=device.type,
-        world_size=info.world_size,
-        local_world_size=info.local_world_size,
-    )
+    plan = plan_with_workers(settings.data, tuned["chosen"], device.type, info)
     shard = {"rank": info.rank, "world_size": info.world_size}
     data.train = build_loader(data.bundle.train, plan, train=True, seed=settings.trainer.seed, **shard)
     data.loader_args["train"] = plan.describe()

@@ -6,8 +6,8 @@ batch's samples into one `BatchTimes`, stamped with the moment the batch was fin
 then splits its data wait in two: waiting for a worker still computing, and `transfer`, the time from a
 finished batch to the loop holding it (queue, unpickling, pinning). `CopyTimer` times the host-to-device copy.
 
-Cost: four `time.perf_counter()` calls per sample (~60 ns each) and a tuple of seven floats per batch;
-`data.stage_timings=false` turns the batch and copy clocks off (benchmarks/bench.py --only breakdown).
+Cost: 6.9 us per image on the 2-core development machine (BENCHMARKS.md, `bench.py --only breakdown`), about
+1% of loading a 32-px JPEG; `data.stage_timings=false` turns the batch and copy clocks off.
 """
 
 from __future__ import annotations
@@ -74,15 +74,15 @@ def batch_times(samples: list[tuple[float, float, float, float]], collate_starte
 
 def transfer_seconds(times: BatchTimes | tuple, wait_started: float, received: float) -> float:
     """The part of a data wait spent after the batch was finished: from max(finished, wait start) to receipt."""
-    if not times or not times[5]:
+    if not times or not times.finished:
         return 0.0
-    return max(0.0, received - max(times[5], wait_started))
+    return max(0.0, received - max(times.finished, wait_started))
 
 
 class CopyTimer:
     """The host-to-device copy's duration: CUDA events on the copying stream, read after the next sync.
 
-    On a CPU device there is no copy, and `spans` stays empty (the figure is then n/a, not 0).
+    On a CPU device there is no copy: the timer is off, and the figure is n/a, not 0.
     """
 
     def __init__(self, device: torch.device, enabled: bool) -> None:

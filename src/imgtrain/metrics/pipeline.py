@@ -14,7 +14,7 @@ from imgtrain.data.stages import STAGES, BatchTimes, CopyTimer
 
 # Accumulated per window and over the steady state: seconds, except the counts.
 FIELDS = ("wait", "transfer", "read", "decode", "augment", "collate", "busy", "gpu_decode", "samples", "batches")
-FIELDS += ("timed_batches", "h2d", "copies", "seconds", "images")
+FIELDS += ("timed_batches", "h2d", "copies", "seconds")
 
 
 class PipelineMeter:
@@ -41,10 +41,10 @@ class PipelineMeter:
         if self.copy_timer is not None:
             self.copy_timer.collect()
 
-    def close_window(self, seconds: float, images: int, steady: bool) -> dict[str, float]:
+    def close_window(self, seconds: float, steady: bool) -> dict[str, float]:
         """The window's `pipeline/...` TensorBoard values; a steady window also counts toward the summary."""
         window, self.window = self.window, dict.fromkeys(FIELDS, 0.0)
-        window["seconds"], window["images"] = seconds, images
+        window["seconds"] = seconds
         copies = self.copy_timer.collect() if self.copy_timer is not None else None
         if copies is not None:
             window["h2d"], window["copies"] = copies

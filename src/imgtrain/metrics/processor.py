@@ -70,7 +70,7 @@ class Metrics:
         trainer = settings.trainer
         self.settings, self.device, self.info, self.faults = settings, device, info, faults
         self.parties: list[Agreeing] = [faults, *also_agreeing]  # what the window's exchange carries
-        self.environment = environment  # the pre-flight fingerprint (preflight.py); may be replaced before summary
+        self.environment = environment  # the pre-flight fingerprint (preflight.py)
         self.merged: dict[str, Any] = {}
         self.log_every, self.warmup_steps = trainer.log_every_n_steps, trainer.warmup_steps
         self.losses = settings.mode != Mode.loader  # mode=loader's stand-in model has no loss worth showing
@@ -150,7 +150,7 @@ class Metrics:
         if window is not None and not steady:
             self.monitor.reset_summary()  # a warm-up window just ended: resource means cover the steady state only
         if window is not None:
-            values.update(self.pipeline.close_window(window.seconds, window.images, steady))
+            values.update(self.pipeline.close_window(window.seconds, steady))
         perf = [window.images_per_sec, window.data_wait_frac, window.step_time_ms] if steady else [0.0] * 3
         self._exchange([*perf, values.get("gpu/util_pct", -1.0)])  # the window's one exchange, and its agreements
         merged = self.merged

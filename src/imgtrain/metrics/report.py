@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from imgtrain.config import AUTO
 from imgtrain.data.loader import auto_num_workers
+from imgtrain.data.stages import WORKER_STAGES
 
 # Above this share of step time spent waiting for data, the run is called input-bound.
 INPUT_BOUND_WAIT = 0.10
@@ -46,7 +47,6 @@ STAGE_ADVICE = {
     "gpu_decode": "pre-resized JPEGs (fewer pixels to decode), or dataset.decode=cpu with more workers",
     "idle": "a deeper prefetch (data.prefetch_factor=4) or less start-up (data.persistent_workers=true)",
 }
-WORKER_STAGES = ("read", "decode", "augment", "collate")
 
 
 def input_stage(pipeline: dict[str, Any] | None) -> str | None:
