@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 NPROC ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install train ddp sweep bench bench-quick test test-slow test-gpu test-all lint format clean
+.PHONY: help install train ddp sweep shards bench bench-quick test test-slow test-gpu test-all lint format clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -29,6 +29,10 @@ ddp: $(STAMP) ## Train with DDP: NPROC (default 2) processes via torchrun; gloo 
 
 sweep: $(STAMP) ## Sweep data.num_workers (0,1,2) for a fixed step budget; ends with sweep_summary.{csv,md,png}
 	$(BIN)/python train.py -m data.num_workers=0,1,2 trainer.max_steps=150 $(ARGS)
+
+shards: $(STAMP) ## Pack an image folder into shards: make shards SRC=<image folder> DST=<directory or s3://bucket/prefix>
+	@test -n "$(SRC)" -a -n "$(DST)" || { echo "usage: make shards SRC=<image folder> DST=<directory or s3://bucket/prefix> [ARGS='--shard-mb 64']"; exit 2; }
+	$(BIN)/imgtrain-shards "$(SRC)" "$(DST)" $(ARGS)
 
 bench: $(STAMP) ## The benchmark harness (~35 min on 2 CPUs; the checkpoint section is 16, breakdown 10): JSON in benchmarks/results/, report appended to BENCHMARKS.md
 	$(BIN)/python benchmarks/bench.py $(ARGS)

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from shardhelpers import pack
+
+from imgtrain.data.shapes import ensure_shapes
 
 
 def pytest_report_header() -> str:
@@ -23,3 +26,17 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("data")
     os.environ["IMGTRAIN_DATA_DIR"] = str(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def source(data_dir: Path) -> Path:
+    """256 train and 64 val JPEGs of 32 px in train/ and val/ folders (debug=fast's shapes)."""
+    return Path(ensure_shapes(str(data_dir / "shards-src"), 32, 256, 64, 0))
+
+
+@pytest.fixture(scope="session")
+def shards(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`source` converted once: read, never changed, by tests (copy it to damage it)."""
+    dst = tmp_path_factory.mktemp("shards") / "shapes"
+    assert pack(source, dst) == 0
+    return dst

@@ -18,6 +18,7 @@ from imgtrain.config import (
     ModelConfig,
     SGDConfig,
     ShapesConfig,
+    ShardsConfig,
     SyntheticConfig,
     TrainerConfig,
     validate,
@@ -32,6 +33,7 @@ SCHEMAS = {
     "imagefolder": ImageFolderConfig,
     "cifar10": CifarConfig,
     "cifar100": CifarConfig,
+    "shards": ShardsConfig,
     "sgd": SGDConfig,
     "adamw": AdamWConfig,
 }
@@ -44,7 +46,7 @@ def test_every_group_has_options() -> None:
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS)
 def test_every_option_composes_and_validates(group: str, option: str, tmp_path: Path) -> None:
-    extra = [f"dataset.root={tmp_path}"] if option in ("imagefolder", "imagenet_resnet50") else []
+    extra = [f"dataset.root={tmp_path}"] if option in ("imagefolder", "shards", "imagenet_resnet50") else []
     settings = validate(compose_cfg(f"{group}={option}", *extra))
     if group == "hparams_search":
         assert settings.optimized_metric == "images_per_sec" and settings.trainer.max_steps
@@ -165,6 +167,7 @@ def test_every_default_is_set_in_one_place(folder: str, schema: type | None) -> 
     """The YAML files choose a schema and set only what differs from its defaults."""
     schemas = {"sgd": SGDConfig, "adamw": AdamWConfig, "cifar10": CifarConfig, "cifar100": CifarConfig}
     schemas |= {"shapes": ShapesConfig, "synthetic": SyntheticConfig, "imagefolder": ImageFolderConfig}
+    schemas |= {"shards": ShardsConfig}
     for path in sorted((CONF_DIR / folder).glob("*.yaml")):
         values = {k: v for k, v in OmegaConf.to_container(OmegaConf.load(path)).items() if k != "defaults"}
         defaults = _schema_defaults(schema or schemas[path.stem])

@@ -154,24 +154,24 @@ def test_nonfinite_skip_reads_the_loss_every_step_and_stop_waits_for_a_window() 
     stop.agree([stop.local()])  # a logging window
     assert stop.first_nan == 2
     with pytest.raises(RunError, match="NaN or infinite at step 2"):
-        stop.act(lambda: "saved", "No checkpoint had been written yet.")
+        stop.act(lambda: "saved", lambda: "No checkpoint had been written yet.")
 
 
 def test_faults_act_only_on_what_the_window_agreed() -> None:
     faults = _faults(NonFinite.stop, budget=2)
     saves = []
     faults.unreadable((("a.jpg", "truncated"), ("b.jpg", "truncated")))
-    faults.act(lambda: saves.append(1) or "saved", "")  # nothing agreed yet: nothing happens
+    faults.act(lambda: saves.append(1) or "saved", str)  # nothing agreed yet: nothing happens
     assert saves == [] and faults.bad.count == 0
     faults.agree([faults.local(), [0.0, 1.0, -1.0]])  # this rank's two, and another rank's one
     assert faults.bad.count == 3 and faults.progress.skipped_samples == 3
     with pytest.raises(RunError, match="data.max_bad_samples=2 exceeded: 3 image reads failed"):
-        faults.act(lambda: saves.append(1) or "saved", "")
+        faults.act(lambda: saves.append(1) or "saved", str)
     assert saves == [1]  # the work so far is saved before the run stops
     signalled = _faults(NonFinite.stop)
     signalled.agree([[0.0, 0.0, -1.0], [float(signal.SIGTERM), 0.0, -1.0]])  # a signal reached rank 1 only
     with pytest.raises(Preempted) as caught:
-        signalled.act(lambda: "The last checkpoint is x.", "")
+        signalled.act(lambda: "The last checkpoint is x.", str)
     assert caught.value.exit_code == 143 and "SIGTERM at step 0" in str(caught.value)
 
 

@@ -211,6 +211,25 @@ class ImageFolderConfig(DatasetConfig):
 
 
 @dataclass
+class ShardsConfig(DatasetConfig):
+    """An image folder packed by `imgtrain-shards SRC DST` (LitData shards), streamed from a directory or from
+    S3-compatible object storage (s3://bucket/prefix; credentials and endpoint from the standard AWS variables)."""
+
+    _target_: str = "imgtrain.data.shards.dataset.build_shards"
+    name: str = "shards"
+    root: str | None = None  # required: the DST that imgtrain-shards wrote, a directory or s3://bucket/prefix
+    image_size: int = _checked(224, at_least(8, note="pixels"))
+    val_resize: int | None = None  # null = image_size / 0.875, the usual ImageNet ratio
+    decode: Decode = Decode.cpu
+    # Object storage only: LitData keeps the chunks it fetches under cache_dir/<bucket>/<prefix>/<split>, on each
+    # node, shared by the ranks there; cache_limit_gb caps that (null: LitData's default, 75% of the free disk
+    # leaving at least 50 GB). Below the split's size, each chunk is deleted after use and fetched again next epoch.
+    cache_dir: str = "${data_dir}/shard-cache"
+    cache_limit_gb: float | None = _checked(None, at_least(0.001, "GB", null="LitData's default"))
+    timeout_s: float = _checked(10.0, lambda v: None if v > 0 else "expected seconds > 0")  # per request, 2 tries
+
+
+@dataclass
 class CifarConfig(DatasetConfig):
     """torchvision's CIFAR-10/100; downloaded on first use, with a clear message when offline."""
 
@@ -315,6 +334,7 @@ def register_configs() -> None:
     cs.store(group="dataset", name="base_synthetic", node=SyntheticConfig)
     cs.store(group="dataset", name="base_imagefolder", node=ImageFolderConfig)
     cs.store(group="dataset", name="base_cifar", node=CifarConfig)
+    cs.store(group="dataset", name="base_shards", node=ShardsConfig)
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="optim", name="base_sgd", node=SGDConfig)
     cs.store(group="optim", name="base_adamw", node=AdamWConfig)
@@ -353,6 +373,17 @@ def _check_across_fields(settings: Config) -> None:
             raise ConfigError("dataset.root is required with dataset=imagefolder: pass dataset.root=/path/to/images")
         if not os.path.isdir(os.path.expanduser(ds.root)):
             raise ConfigError(f"dataset.root={ds.root} is not a directory: point it at a folder of class folders")
+    if isinstance(ds, ShardsConfig) and not ds.root:
+        raise ConfigError(
+            "dataset.root is required with dataset=shards: pass dataset.root=<directory or s3://bucket/prefix> "
+            "written by `imgtrain-shards <image folder> <destination>`"
+        )
+    if (
+        isinstance(ds, ShardsConfig)
+        and not ds.root.startswith("s3://")
+        and not os.path.isdir(os.path.expanduser(ds.root))
+    ):
+        raise ConfigError(f"dataset.root={ds.root} is not a directory: point it at what imgtrain-shards wrote")
     if not isinstance(settings.optim, SGDConfig | AdamWConfig):
         raise ConfigError("optim must be one of the optim group's options: optim=sgd or optim=adamw")
 

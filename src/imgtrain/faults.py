@@ -162,7 +162,7 @@ class Faults:
         nans = [int(row[2]) for row in rows if row[2] >= 0]
         self.first_nan = self.first_nan or (min(nans) if nans else 0)
 
-    def act(self, save_and_wait: Callable[[], str], last_checkpoint: str) -> None:
+    def act(self, save_and_wait: Callable[[], str], last_checkpoint: Callable[[], str]) -> None:
         """At a step boundary: stop on an agreed NaN, exceeded budget or stop signal (saving first, but never
         weights a NaN has reached)."""
         if self.alone and self.signals.received:
@@ -182,18 +182,18 @@ class Faults:
                 "(hydra.run.dir=...) to continue, or pass trainer.resume=<checkpoint>",
             )
 
-    def before_save(self, last_checkpoint: str) -> None:
+    def before_save(self, last_checkpoint: Callable[[], str]) -> None:
         """nonfinite=stop: read the first NaN step of every rank (one sync, one exchange) before writing weights."""
         if self.nan_step is not None:
             self.agree([[0.0, 0.0, row[0]] for row in dist.all_gather_host([float(self.nan_step.item())])])
         if self.first_nan:
             self._stop_nonfinite(last_checkpoint)
 
-    def _stop_nonfinite(self, last_checkpoint: str) -> None:
+    def _stop_nonfinite(self, last_checkpoint: Callable[[], str]) -> None:
         self.progress.nonfinite_steps += 1
         raise RunError(
             f"the training loss is NaN or infinite at step {self.first_nan} (epoch {self.progress.epoch + 1}) and "
-            f"trainer.nonfinite=stop. {last_checkpoint} Lower optim.lr, try trainer.precision=fp32, or set "
+            f"trainer.nonfinite=stop. {last_checkpoint()} Lower optim.lr, try trainer.precision=fp32, or set "
             "trainer.nonfinite=skip"
         )
 
@@ -211,9 +211,9 @@ class Faults:
                 self.progress.unreadable_files.setdefault(path, reason)
         self.bad.new_files = {}
 
-    def count_unreadable(self, count: int, last_checkpoint: str) -> None:
+    def count_unreadable(self, count: int, last_checkpoint: Callable[[], str]) -> None:
         """Unreadable images already summed over ranks (validation): counted, and stop once over budget."""
         self.bad.count += count
         self.progress.skipped_samples = self.bad.count
         if self.bad.exceeded:
-            raise self.bad.error(last_checkpoint)
+            raise self.bad.error(last_checkpoint())

@@ -25,6 +25,7 @@ from imgtrain.data.pipeline import RunData
 from imgtrain.data.stages import transfer_seconds
 from imgtrain.faults import Faults
 from imgtrain.metrics import Metrics
+from imgtrain.model import evaluation_module
 from imgtrain.optim import Step
 from imgtrain.profiling import Profiler, no_range
 
@@ -88,6 +89,7 @@ class EpochBatches:
         self.on_unreadable, self.on_batch = on_unreadable, on_batch or (lambda wait, transfer, times: None)
         self.mark = mark
         self.taken, self.unreadable = 0, 0
+        self.exhausted = False  # the loader ran out: the epoch ended
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> EpochBatches:
@@ -101,7 +103,7 @@ class EpochBatches:
     @property
     def completed(self) -> bool:
         """Whether the whole epoch was taken (not cut short by trainer.max_steps)."""
-        return self.taken >= len(self.loader)
+        return self.exhausted or self.taken >= len(self.loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while self.taken < self.limit:
@@ -109,6 +111,7 @@ class EpochBatches:
             with self.mark("data_wait"):
                 batch = next_batch(self.batches, self.data)  # blocks while no batch is ready: the data wait
             if batch is None:
+                self.exhausted = True
                 return
             received = time.perf_counter()
             self.on_batch(received - started, transfer_seconds(batch.times, started, received), batch.times)
@@ -133,8 +136,11 @@ class Components:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: RunData, step: Step, faults: Faults, last_checkpoint: str) -> dict[str, float]:
+def evaluate(
+    model: nn.Module, data: RunData, step: Step, faults: Faults, last_checkpoint: Callable[[], str]
+) -> dict[str, float]:
     """Top-1 accuracy and mean loss over the validation set, each sample counted once across ranks."""
+    model = evaluation_module(model)  # no collective per batch: the ranks may have different numbers of batches
     model.eval()
     totals = torch.zeros(3, device=data.feed.device, dtype=torch.float64)  # loss sum, correct, count
     batches = EpochBatches(
@@ -176,7 +182,7 @@ def fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mo
                 model, batches, step, parts.faults, parts.metrics, parts.checkpointer, progress, parts.profiler
             )
         parts.metrics.end_epoch(progress.step)  # the last, partial window: its agreed faults are acted on now
-        parts.faults.act(parts.checkpointer.save_and_wait, parts.checkpointer.last_checkpoint())
+        parts.faults.act(parts.checkpointer.save_and_wait, parts.checkpointer.settled_checkpoint)
         if mode == Mode.train:
             _end_epoch(model, data, step, parts, epochs=epochs, completed=batches.completed)
         elif batches.completed:
@@ -187,7 +193,7 @@ def _end_epoch(model: nn.Module, data: RunData, step: Step, parts: Components, *
     """Validate, log, and save (always at the end of the run; best.pt when accuracy improved). An epoch cut
     short by trainer.max_steps keeps its position, so a longer run continues from there."""
     progress = parts.progress
-    progress.val = evaluate(model, data, step, parts.faults, parts.checkpointer.last_checkpoint())
+    progress.val = evaluate(model, data, step, parts.faults, parts.checkpointer.settled_checkpoint)
     val = {"val/loss": progress.val["val_loss"], "val/acc": progress.val["val_acc"]}
     parts.metrics.log({**val, "data/skipped_samples": progress.skipped_samples}, progress.step)  # with val's
     improved = progress.best_val_acc is None or progress.val["val_acc"] > progress.best_val_acc

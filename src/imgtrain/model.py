@@ -96,3 +96,17 @@ def prepare_model(
     if settings.trainer.compile:
         model = torch.compile(model)
     return model, base
+
+
+def evaluation_module(model: nn.Module) -> nn.Module:
+    """The module validation calls. Under DDP, the wrapped module itself: DDP's forward broadcasts the buffers
+    (BatchNorm statistics) from rank 0 on every call, a collective that hangs when the ranks have different numbers
+    of validation batches (LitData does not pad its shares; ShardSampler's can differ by one at a batch boundary).
+    The buffers are broadcast once here instead, as DDP's first forward did, so the figures do not change. With
+    trainer.compile=true under DDP, validation therefore runs uncompiled."""
+    wrapped = getattr(model, "_orig_mod", model)  # torch.compile's wrapper around DDP
+    if not isinstance(wrapped, DistributedDataParallel):
+        return model
+    for buffer in wrapped.module.buffers():
+        torch.distributed.broadcast(buffer, src=0)
+    return wrapped.module

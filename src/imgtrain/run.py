@@ -124,7 +124,7 @@ def _train_locked(
     progress = Progress(replicas=data.replicas)
     faults = Faults(trainer.nonfinite, settings.data.max_bad_samples, progress, device, alone=not info.enabled)
     checkpointer = Checkpointer(settings, out_dir, info, faults)
-    checkpointer.attach(base, step, total_steps)
+    checkpointer.attach(base, step, total_steps, order=data.order)
     checkpointer.resume()
     finished = out_dir / "metrics.json"
     if progress.step >= total_steps and finished.exists():

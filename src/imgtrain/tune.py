@@ -21,8 +21,8 @@ from torch import nn
 from imgtrain import dist
 from imgtrain.config import Config, Precision
 from imgtrain.data.feed import Feed
-from imgtrain.data.loader import LoaderPlan, build_loader
-from imgtrain.data.pipeline import plan_with_workers
+from imgtrain.data.loader import LoaderPlan
+from imgtrain.data.pipeline import make_loader, plan_with_workers
 from imgtrain.host import available_cpus
 from imgtrain.metrics.report import INPUT_BOUND_WAIT
 from imgtrain.optim import build_step
@@ -81,7 +81,7 @@ def _sync(device: torch.device) -> None:
 def loader_rate(dataset: Any, plan: LoaderPlan, feed: Feed, seconds: float, info: dist.DistInfo, seed: int) -> float:
     """Images/s the training loader delivers onto the device with `plan`, over the second half of `seconds`
     after its first batch: start-up is left out, and so are the batches the workers had ready at the start."""
-    loader = build_loader(dataset, plan, train=True, seed=seed, rank=info.rank, world_size=info.world_size)
+    loader = make_loader(dataset, plan, train=True, seed=seed, rank=info.rank, world_size=info.world_size)
     batches = iter(loader)
     try:
         with feed.batches(batches) as ready:

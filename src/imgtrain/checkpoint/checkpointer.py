@@ -52,12 +52,14 @@ class Checkpointer:
         self.snapshot, self.writer = HostSnapshot(), AsyncWriter()
         self.model: nn.Module | None = None
         self.step_state: Step | None = None
+        self.order: Any = None  # dataset=shards: the training order's state (state_dict / load_state_dict)
         self.progress = faults.progress
         self.total_steps = 0
 
-    def attach(self, model: nn.Module, step: Step, total_steps: int) -> None:
-        """What the checkpoints hold: the underlying model (not its DDP or compiled wrapper) and the Step."""
-        self.model, self.step_state, self.total_steps = model, step, total_steps
+    def attach(self, model: nn.Module, step: Step, total_steps: int, order: Any = None) -> None:
+        """What the checkpoints hold: the underlying model (not its DDP or compiled wrapper), the Step and, for a
+        streamed dataset, the state of its order (the topology its epoch started with)."""
+        self.model, self.step_state, self.total_steps, self.order = model, step, total_steps, order
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[Checkpointer]:
@@ -82,7 +84,7 @@ class Checkpointer:
     # ------------------------------------------------------------------ the loop's calls
     def step(self, progress: Progress) -> None:
         """After every step: act on faults agreed at a window; save when the clock or the step interval says."""
-        self.faults.act(self.save_and_wait, self.last_checkpoint())
+        self.faults.act(self.save_and_wait, self.settled_checkpoint)
         if self.failed:
             raise self._write_failure()
         interval = self.every_steps and progress.step % self.every_steps == 0
@@ -99,7 +101,7 @@ class Checkpointer:
 
     def save(self, best: bool = False, wait: bool = False) -> str:
         """Start writing last.pt (rank 0), never with weights a NaN loss has reached; a sentence saying where."""
-        self.faults.before_save(self.last_checkpoint())
+        self.faults.before_save(self.settled_checkpoint)
         self.faults.merge_unreadable()  # every rank's distinct unreadable files, into the saved progress
         self.due, self.last_save = False, time.monotonic()
         if not self.writes:
@@ -160,6 +162,7 @@ class Checkpointer:
             "rng": capture_rng(),
             "global_batch": self.settings.data.batch_size * self.info.world_size,
             "config": OmegaConf.to_yaml(self.settings),
+            **({"data_order": self.order.state_dict()} if self.order is not None else {}),
         }
 
     def _write_failure(self) -> RunError:
@@ -173,6 +176,13 @@ class Checkpointer:
             f"the run stopped. {self.last_checkpoint()} Free space or fix the disk, then run the same command "
             "again to resume from it"
         )
+
+    def settled_checkpoint(self) -> str:
+        """`last_checkpoint` once the write in flight, if any, has finished: what a stop message may promise. Built
+        only when a message needs it (it stats last.pt)."""
+        if self.store.enabled and self.writer.busy:
+            self.writer.wait()
+        return self.last_checkpoint()
 
     def last_checkpoint(self) -> str:
         last = self.store.last
@@ -216,6 +226,8 @@ class Checkpointer:
                 "settings it was trained with, or pass trainer.resume=none (or a new hydra.run.dir) to start over"
             ) from None
         restore_rng(payload["rng"])
+        if self.order is not None:
+            self.order.load_state_dict(payload.get("data_order"))
         saved = progress_from(payload)
         for key, value in progress_dict(saved).items():  # the same object the loop and faults already hold
             setattr(self.progress, key, value)

@@ -7,6 +7,7 @@ Every transform is a module-level torchvision object, so datasets pickle for spa
 
 from __future__ import annotations
 
+import io
 import os
 import time
 import warnings
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 from torchvision.io import ImageReadMode, decode_image
@@ -81,12 +82,35 @@ def decode_file(path: str) -> torch.Tensor:
     return decode_bytes(read_file(path), path)
 
 
+# What a decoder raises on a file that is not a readable image (truncated, garbage, an unknown format).
+DECODE_ERRORS = (OSError, RuntimeError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+def error_reason(error: BaseException) -> str:
+    """The first line of an exception's message, or its type's name."""
+    if isinstance(error, UnidentifiedImageError):  # PIL's message names an in-memory file object
+        return "not an image in a format Pillow or torchvision can read (damaged, or another kind of file)"
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def decode_problem(data: bytes, path: str) -> str | None:
+    """Why `data` (the bytes of the image file `path`) cannot be decoded the way training decodes it; None if it
+    can. What the converter checks before packing a file."""
+    try:
+        decode_bytes(torch.frombuffer(bytearray(data), dtype=torch.uint8), path)
+    except DECODE_ERRORS as error:
+        return error_reason(error)
+    return None
+
+
 def decode_bytes(data: torch.Tensor, path: str) -> torch.Tensor:
-    """An image file's bytes as a uint8 RGB tensor [3, H, W]; libjpeg-turbo/libpng, else PIL (from `path`)."""
+    """An image file's bytes as a uint8 RGB tensor [3, H, W]; libjpeg-turbo/libpng, else PIL (from the same bytes, so
+    images packed in shards decode the same way; `path` names the image in errors)."""
     try:
         return decode_image(data, mode=ImageReadMode.RGB)
     except (RuntimeError, ValueError):  # formats torchvision cannot decode (BMP, TIFF, PPM, ...)
-        with Image.open(path) as img:
+        with Image.open(io.BytesIO(data.numpy().tobytes())) as img:
             array = np.asarray(img.convert("RGB"), dtype=np.uint8)
         return torch.from_numpy(array.copy()).permute(2, 0, 1)
 
@@ -117,9 +141,8 @@ class ImageFileDataset(Dataset):
             data = read_file(path)
             read = time.perf_counter()
             raw = decode_bytes(data, path)
-        except (OSError, RuntimeError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise CorruptSampleError(path, reason) from None
+        except DECODE_ERRORS as error:
+            raise CorruptSampleError(path, error_reason(error)) from None
         decoded = time.perf_counter()
         image = self.transform(raw).contiguous()
         stages.record(read - started, decoded - read, time.perf_counter() - decoded)
@@ -204,8 +227,9 @@ def split_indices(labels: list[int], val_fraction: float, seed: int) -> tuple[np
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
 
 
-def _folder_splits(root: str, val_fraction: float, split_seed: int) -> tuple[tuple, tuple, list[str]]:
-    """((train paths, labels), (val paths, labels), classes) of an image folder, in either layout."""
+def folder_splits(root: str, val_fraction: float, split_seed: int) -> tuple[tuple, tuple, list[str]]:
+    """((train paths, labels), (val paths, labels), classes) of an image folder, in either layout (`imgtrain-shards`
+    splits the same way, so a model trained on shards sees the same split)."""
     train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
     if os.path.isdir(train_dir) and os.path.isdir(val_dir):
         paths, labels, classes = list_images(train_dir)
@@ -306,7 +330,7 @@ def build_imagefolder(
     `validate` has checked that root is a directory; the layout is checked here.
     """
     root = os.path.abspath(os.path.expanduser(root))
-    (train_paths, train_labels), (val_paths, val_labels), classes = _folder_splits(root, val_fraction, split_seed)
+    (train_paths, train_labels), (val_paths, val_labels), classes = folder_splits(root, val_fraction, split_seed)
     val_tf = eval_transform(image_size, val_resize)
     files = EncodedFileDataset if decode == "cuda" else ImageFileDataset
     return DatasetBundle(

@@ -61,7 +61,11 @@ class Feed:
     ) -> Feed:
         """The feed for `bundle`'s normalisation; `prefetch` needs pinned memory (from pageable memory an
         asynchronous copy is a synchronous one), which the loader plan already checked."""
-        transforms = {"train": bundle.train.transform, "val": bundle.val.transform} if gpu_decode else None
+        # A split's own transform; dataset=shards keeps it apart from LitData's `transform` hook (image_transform)
+        split_transform = lambda split: getattr(split, "image_transform", None) or split.transform  # noqa: E731
+        transforms = (
+            {"train": split_transform(bundle.train), "val": split_transform(bundle.val)} if gpu_decode else None
+        )
         return cls(
             device=device,
             mean=torch.tensor(bundle.mean, device=device).view(1, 3, 1, 1) * 255.0,

@@ -7,6 +7,7 @@ import logging
 import random
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -249,16 +250,19 @@ class GuardedSamples(Dataset):
         raise CorruptSampleError(path, f"{reason} ({self.MAX_IN_A_ROW} unreadable images in a row)")
 
     def _load(self, index: int, seed: int | None) -> tuple[torch.Tensor, int]:
-        if seed is None:
-            return self.dataset[index]
-        # torchvision's random transforms draw from torch's default CPU generator. Seeding only that one:
-        # torch.manual_seed would also queue a CUDA re-seed and format a stack trace, ~90 us per call.
-        if get_worker_info() is None:  # in the training process: leave its own random stream untouched
-            with torch.random.fork_rng(devices=[]):
-                torch.random.default_generator.manual_seed(seed)
-                return self.dataset[index]
-        torch.random.default_generator.manual_seed(seed)
-        return self.dataset[index]
+        return self.dataset[index] if seed is None else seeded(seed, self.dataset.__getitem__, index)
+
+
+def seeded(seed: int, call: Callable[..., Any], *args: Any) -> Any:
+    """`call(*args)` with torch's default CPU generator (which torchvision's random transforms draw from) set to
+    `seed`. Seeding only that one: torch.manual_seed would also queue a CUDA re-seed and format a stack trace, ~90 us
+    per call. In the training process (num_workers=0) its own random stream is left untouched."""
+    if get_worker_info() is None:
+        with torch.random.fork_rng(devices=[]):
+            torch.random.default_generator.manual_seed(seed)
+            return call(*args)
+    torch.random.default_generator.manual_seed(seed)
+    return call(*args)
 
 
 class EpochSampler(DistributedSampler):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ from imgtrain.config import Config, DataConfig, Decode, Mode
 from imgtrain.data.datasets import DatasetBundle
 from imgtrain.data.feed import DeviceBatches, Feed, build_resident
 from imgtrain.data.loader import EpochSampler, LoaderPlan, build_loader, plan_loader, train_sampler
+from imgtrain.data.shards.dataset import ShardSplit
+from imgtrain.data.shards.loader import ShardLoader
 from imgtrain.errors import ConfigError
 from imgtrain.host import write_json
 
@@ -37,14 +40,45 @@ class RunData:
     @property
     def replicas(self) -> int:
         """Ranks the training order is sharded over (1 when each rank reads the whole set)."""
+        if isinstance(self.train, ShardLoader):
+            return self.train.replicas
         sampler = getattr(self.train, "sampler", None)
         return sampler.num_replicas if isinstance(sampler, EpochSampler) else 1
 
+    @property
+    def order(self) -> ShardLoader | None:
+        """The training order's state that checkpoints must keep (dataset=shards), if any."""
+        return self.train if isinstance(self.train, ShardLoader) else None
+
     def start_epoch(self, epoch: int, samples_done: int) -> None:
         """Set the epoch's order (the same on every rank), skipping the samples a resumed epoch already had."""
+        if isinstance(self.train, ShardLoader):
+            self.train.start_epoch(epoch, samples_done)
+            return
         sampler = getattr(self.train, "sampler", None)
         if isinstance(sampler, EpochSampler):
             sampler.set_epoch(epoch, start=samples_done // self.replicas)
+
+
+def _replan(plan: LoaderPlan, workers: int) -> LoaderPlan:
+    """`plan` with `workers` workers: the worker-only arguments follow (dataset=shards finishing a resumed epoch)."""
+    kwargs = dict(plan.kwargs, num_workers=workers)
+    if workers == 0:
+        kwargs["timeout"] = 0
+        for key in ("prefetch_factor", "persistent_workers", "multiprocessing_context"):
+            kwargs.pop(key, None)
+    else:
+        kwargs.setdefault("prefetch_factor", 2)
+        kwargs.setdefault("persistent_workers", False)
+    return dataclasses.replace(plan, kwargs=kwargs)
+
+
+def make_loader(dataset: Any, plan: LoaderPlan, *, train: bool, seed: int, rank: int = 0, world_size: int = 1) -> Any:
+    """The split's loader: LitData's for dataset=shards, else a DataLoader with our samplers."""
+    if isinstance(dataset, ShardSplit):
+        replan = functools.partial(_replan, plan)
+        return ShardLoader(dataset, plan, train=train, seed=seed, rank=rank, world_size=world_size, replan=replan)
+    return build_loader(dataset, plan, train=train, seed=seed, rank=rank, world_size=world_size)
 
 
 def plan_with_workers(data: DataConfig, workers: int, device_type: str, info: dist.DistInfo) -> LoaderPlan:
@@ -56,9 +90,14 @@ def plan_with_workers(data: DataConfig, workers: int, device_type: str, info: di
 def use_tuned_workers(data: RunData, settings: Config, info: dist.DistInfo, device: torch.device, tuned: dict) -> None:
     """Rebuild the training loader with the count `data.num_workers=tune` chose, and record the probe with its
     arguments (loader_args.json is written again by `save_loader_args`)."""
-    plan = plan_with_workers(settings.data, tuned["chosen"], device.type, info)
+    chosen = tuned["chosen"]
+    if isinstance(data.bundle.train, ShardSplit):  # one count on every rank (see _streamed)
+        chosen = tuned["chosen"] = dist.broadcast_object(chosen, info)
+    plan = plan_with_workers(settings.data, chosen, device.type, info)
+    if isinstance(data.bundle.train, ShardSplit):
+        plan = _streamed(settings, plan, info, device)
     shard = {"rank": info.rank, "world_size": info.world_size}
-    data.train = build_loader(data.bundle.train, plan, train=True, seed=settings.trainer.seed, **shard)
+    data.train = make_loader(data.bundle.train, plan, train=True, seed=settings.trainer.seed, **shard)
     data.loader_args["train"] = plan.describe()
     data.loader_args["tune"] = tuned
 
@@ -73,9 +112,14 @@ def _format(args: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in args.items())
 
 
-def plan_loaders(settings: Config, device: torch.device, info: dist.DistInfo) -> tuple[LoaderPlan, LoaderPlan]:
+def plan_loaders(
+    settings: Config, device: torch.device, info: dist.DistInfo, streamed: bool = False
+) -> tuple[LoaderPlan, LoaderPlan]:
+    """Both splits' effective DataLoader arguments (logged); `streamed`: dataset=shards."""
     common = {"device_type": device.type, "world_size": info.world_size, "local_world_size": info.local_world_size}
     train_plan = plan_loader(settings.data, train=True, **common)
+    if streamed:
+        train_plan = _streamed(settings, train_plan, info, device)
     val_plan = plan_loader(settings.data, train=False, **common)
     for note in train_plan.notes:
         log.warning(note) if note.startswith("data.num_workers=0") else log.info(note)
@@ -95,6 +139,35 @@ def _check_gpu_decode(settings: Config, device: torch.device) -> bool:
     return gpu_decode
 
 
+def _streamed(settings: Config, plan: LoaderPlan, info: dist.DistInfo, device: torch.device) -> LoaderPlan:
+    """dataset=shards: the training plan that LitData can follow, each adjustment said in one line."""
+    data = settings.data
+    if data.device_resident:
+        raise ConfigError(
+            "data.device_resident=true needs the whole training set in memory at once, and dataset=shards streams "
+            "it: use data.device_resident=false, or dataset=imagefolder on a local copy"
+        )
+    if info.world_size > 1:
+        # LitData deals chunks to world_size x num_workers workers: every rank must count the same workers.
+        workers = dist.broadcast_object(plan.kwargs["num_workers"], info)
+        if workers != plan.kwargs["num_workers"]:
+            log.warning(
+                "dataset=shards: data.num_workers=%d on every rank, rank 0's (LitData needs one count)", workers
+            )
+            plan = plan_with_workers(data, workers, device.type, info)
+        if data.distributed_sampler is False:
+            log.warning(
+                "data.distributed_sampler=false does not apply to dataset=shards: LitData shards over the ranks"
+            )
+        if not plan.kwargs["drop_last"]:
+            plan.kwargs["drop_last"] = True
+            log.warning(
+                "data.drop_last=false does not apply to dataset=shards under DDP: LitData does not pad the ranks' "
+                "shares, so without dropping the last incomplete batch they would take different numbers of steps"
+            )
+    return plan
+
+
 def build_data(
     settings: Config, info: dist.DistInfo, device: torch.device, memory_format: torch.memory_format, out_dir: Path
 ) -> RunData:
@@ -107,11 +180,11 @@ def build_data(
         *(bundle.name, len(bundle.train), len(bundle.val), bundle.num_classes, bundle.image_size),
     )
     gpu_decode = _check_gpu_decode(settings, device)
-    train_plan, val_plan = plan_loaders(settings, device, info)
+    train_plan, val_plan = plan_loaders(settings, device, info, streamed=isinstance(bundle.train, ShardSplit))
     loader_args = {"train": train_plan.describe(), "val": val_plan.describe()}
     shard = {"rank": info.rank, "world_size": info.world_size}
-    train_loader = build_loader(bundle.train, train_plan, train=True, seed=seed, **shard)
-    val_loader = build_loader(bundle.val, val_plan, train=False, seed=seed, **shard)
+    train_loader = make_loader(bundle.train, train_plan, train=True, seed=seed, **shard)
+    val_loader = make_loader(bundle.val, val_plan, train=False, seed=seed, **shard)
     if len(train_loader) == 0:
         raise ConfigError(
             f"data.batch_size={settings.data.batch_size} is larger than the training split of "

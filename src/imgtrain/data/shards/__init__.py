@@ -1,0 +1,3 @@
+"""dataset=shards: image folders packed into LitData shards (`convert`, the `imgtrain-shards` command) and streamed
+from a directory or S3-compatible object storage (`dataset`), with the manifest (`manifest`) that says a
+conversion finished, the stores (`store`) and LitData's settings (`engine`)."""

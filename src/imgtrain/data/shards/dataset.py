@@ -1,0 +1,179 @@
+"""`dataset=shards`: splits written by `imgtrain-shards`, streamed by LitData from a directory or object storage.
+
+LitData picks the order (whole chunks dealt to the ranks and their workers, shuffled per epoch, samples shuffled
+inside each chunk) and fetches and caches the chunks; everything after the read is the folder path's: each
+sample is decoded and augmented in the worker (`ShardSplit.__getitem__`), timed stage by stage, with its own
+augmentation seed, and an unreadable image is replaced (training) or dropped (validation) and counted.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from litdata import StreamingDataset
+from litdata.streaming.sampler import ChunkedIndex
+
+from imgtrain.data.datasets import (
+    DECODE_ERRORS,
+    CorruptSampleError,
+    DatasetBundle,
+    decode_bytes,
+    error_reason,
+    eval_transform,
+    train_transform,
+    triple,
+)
+from imgtrain.data.jpeg import EncodedJpeg, jpeg_problem
+from imgtrain.data.loader import GuardedSamples, Sample, sample_seeds, seeded
+from imgtrain.data.shards import engine
+from imgtrain.data.shards.manifest import SPLITS, Manifest, check_files, read_manifest
+from imgtrain.data.shards.store import Location, Store
+from imgtrain.errors import RunError
+
+
+class ShardError(RunError):
+    """A shard that cannot be read (gone, truncated, damaged): the run stops with one line naming it."""
+
+
+@dataclass
+class Record:
+    """One sample as the converter stored it."""
+
+    data: bytes  # the image file's bytes, as they were
+    label: int
+    name: str  # <dataset root>:<path under the converted folder>, for messages and the unreadable-files list
+
+
+class ShardSplit(StreamingDataset):
+    """One split of a converted dataset. LitData calls `__getitem__` in the worker for each sample of its order;
+    this returns the folder path's `loader.Sample`: (image, label, unreadable files met, stage seconds)."""
+
+    def __init__(self, location: Location, split: str, transform: Any, *, gpu_decode: bool, cache: dict) -> None:
+        url = location.join(split)
+        super().__init__(
+            input_dir=url,
+            cache_dir=cache["dir"],
+            max_cache_size=cache["limit"],
+            storage_options=engine.storage_options(cache["timeout_s"]),
+        )
+        self.url, self.root, self.image_transform, self.gpu_decode = url, location.url, transform, gpu_decode
+        # Set by ShardLoader before its workers start: training (augmentation seeds, replacing unreadable images)
+        # or validation (dropping them), and whether samples are timed (data.stage_timings).
+        self.train, self.timed = False, True
+        self._previous: tuple[int, Record] | None = None  # (epoch, the last readable record of this worker)
+
+    def __getitem__(self, index: ChunkedIndex | int) -> Sample | dict:
+        if not isinstance(index, ChunkedIndex):  # random access by position: the stored record itself
+            return super().__getitem__(index)
+        started = time.perf_counter()
+        seed = int(sample_seeds(self.seed, self.current_epoch - 1, np.array([index.index]))[0]) if self.train else None
+        record = self._read(index)
+        read = time.perf_counter() - started
+        skipped: list[tuple[str, str]] = []
+        stand_ins = self._stand_ins(index)
+        while True:
+            try:
+                image, decode, augment = self._decode(record, seed)
+                break
+            except CorruptSampleError as error:
+                skipped.append((error.path, error.reason))
+                if not self.train:  # validation drops it, so no image counts twice in val_acc
+                    return None, -1, tuple(skipped), None
+                record = next(stand_ins, None)
+                if record is None:
+                    raise CorruptSampleError(
+                        error.path, f"{error.reason} (and no readable image to replace it)"
+                    ) from None
+        self._previous = (self.current_epoch, record)
+        times = (read, decode, augment, time.perf_counter() - started) if self.timed else None
+        return image, record.label, tuple(skipped), times
+
+    def _read(self, index: ChunkedIndex) -> Record:
+        try:
+            item = super().__getitem__(index)
+            return Record(bytes(item["image"]), int(item["label"]), f"{self.root}:{item['path']}")
+        except Exception as error:  # LitData's errors, from a missing chunk to a damaged offsets table
+            raise ShardError(
+                f"{self.url}: chunk {index.chunk_index} cannot be read ({type(error).__name__}: "
+                f"{error_reason(error)}); run `imgtrain-shards` again or restore the shard, then run the same command"
+            ) from None
+
+    def _stand_ins(self, index: ChunkedIndex) -> Iterator[Record]:
+        """What replaces an unreadable training image, in turn: the previous readable one this worker read in this
+        epoch (no I/O), then neighbours in the same chunk (already local), at most MAX_IN_A_ROW in all. Under a
+        fixed topology this depends only on the order, so a resumed run replaces it the same way, unless the resume
+        point falls right before the unreadable image."""
+        if self._previous is not None and self._previous[0] == self.current_epoch:
+            yield self._previous[1]
+        interval = self.cache.get_chunk_intervals()[index.chunk_index]
+        first, last = interval[1], interval[2]  # this chunk's samples: [first, last)
+        for step in range(1, min(GuardedSamples.MAX_IN_A_ROW, last - first)):
+            yield self._read(ChunkedIndex(first + (index.index - first + step) % (last - first), index.chunk_index))
+
+    def _decode(self, record: Record, seed: int | None) -> tuple[Any, float, float]:
+        """(image, decode seconds, augment seconds): uint8 [3, S, S], or the undecoded JPEG with decode=cuda."""
+        if self.gpu_decode:  # the GPU decodes and transforms whole batches (gpu_decode.py)
+            problem = jpeg_problem(record.data)
+            if problem:
+                raise CorruptSampleError(record.name, problem)
+            return EncodedJpeg(torch.frombuffer(bytearray(record.data), dtype=torch.uint8), record.name), 0.0, 0.0
+        started = time.perf_counter()
+        try:
+            raw = decode_bytes(torch.frombuffer(bytearray(record.data), dtype=torch.uint8), record.name)
+        except DECODE_ERRORS as error:
+            raise CorruptSampleError(record.name, error_reason(error)) from None
+        decoded = time.perf_counter()
+        transform = self.image_transform
+        image = (transform(raw) if seed is None else seeded(seed, transform, raw)).contiguous()
+        return image, decoded - started, time.perf_counter() - decoded
+
+
+def _cache(location: Location, split: str, cache_dir: str, limit_gb: float | None, timeout_s: float) -> dict:
+    """Where LitData keeps the chunks it fetches from object storage (none for a directory: read in place)."""
+    folder = None
+    if location.is_s3:
+        folder = os.path.join(os.path.expanduser(cache_dir), location.bucket, location.prefix, split)
+    return {"dir": folder, "limit": None if limit_gb is None else f"{limit_gb}GB", "timeout_s": timeout_s}
+
+
+def build_shards(
+    name: str,
+    image_size: int,
+    mean: Any,
+    std: Any,
+    augment: bool,
+    root: str,
+    val_resize: int | None,
+    decode: str,
+    cache_dir: str,
+    cache_limit_gb: float | None,
+    timeout_s: float,
+) -> DatasetBundle:
+    """The converted dataset at `root`, checked before any step: the store answers, the manifest is there and every
+    shard has the size the converter wrote (one line naming what is wrong otherwise)."""
+    location = Location.parse(root)
+    store = Store(location, timeout_s)
+    store.check_reachable()
+    manifest: Manifest = read_manifest(store)
+    for split in SPLITS:
+        check_files(store, manifest, split)
+    val_tf = eval_transform(image_size, val_resize)
+    transforms = {"train": train_transform(image_size) if augment else val_tf, "val": val_tf}
+    train, val = (
+        ShardSplit(
+            location,
+            split,
+            transforms[split],
+            gpu_decode=str(decode) == "cuda",
+            cache=_cache(location, split, cache_dir, cache_limit_gb, timeout_s),
+        )
+        for split in SPLITS
+    )
+    classes = list(manifest.classes)
+    return DatasetBundle(train, val, len(classes), image_size, triple(mean), triple(std), name, classes)

@@ -1,0 +1,35 @@
+"""Shared by the dataset=shards tests: a run of seconds on shards, the converter, and the one-line error of a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import compose_cfg
+
+from imgtrain.data.shards import convert as converter
+from imgtrain.errors import RunError
+from imgtrain.run import run
+
+
+def shards_args(root: Path | str, *more: str) -> list[str]:
+    """A run of seconds on the 32-px shards below (debug=fast's settings; it sets keys only `shapes` has)."""
+    fast = ["dataset.image_size=32", "data.batch_size=32", "data.num_workers=1", "trainer.epochs=1"]
+    fast += ["trainer.warmup_steps=2", "trainer.log_every_n_steps=2", "trainer.monitor_interval_s=0.1"]
+    return ["dataset=shards", f"dataset.root={root}", *fast, "trainer.compute_probe=false", *more]
+
+
+def failure(*overrides: str, run_dir: Path) -> RunError:
+    """The one-line error `python train.py <overrides>` stops with (Hydra's instantiate wraps it: unwrapped here,
+    as the command line's `cli.one_line` does)."""
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - the error inside is checked below
+        run(compose_cfg(*overrides, output_dir=str(run_dir)))
+    error: BaseException | None = caught.value
+    while error is not None and not isinstance(error, RunError):
+        error = error.__cause__
+    assert error is not None and "\n" not in str(error), caught.value
+    return error
+
+
+def pack(src: Path | str, dst: Path | str, *flags: str) -> int:
+    return converter.main([str(src), str(dst), "--workers", "2", *flags])

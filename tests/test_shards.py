@@ -1,0 +1,176 @@
+"""dataset=shards from a directory: the converter (bytes kept, the imagefolder split, unreadable files, refusals,
+an interrupted conversion), training on shards, and damaged shards. Object storage: test_shards_s3.py; resume
+and DDP: test_shards_resume.py (make test-slow)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import compose_cfg, read_metrics
+from shardhelpers import failure, pack, shards_args
+
+from imgtrain.data.datasets import folder_splits
+from imgtrain.data.shards import convert as converter
+from imgtrain.data.shards.dataset import ShardSplit
+from imgtrain.data.shards.manifest import MANIFEST, PARTIAL
+from imgtrain.data.shards.store import Location
+from imgtrain.errors import ConfigError
+from imgtrain.run import run
+
+
+def records(root: Path, split: str) -> list[dict]:
+    """Every stored record of a split, by LitData's random access."""
+    dataset = ShardSplit(Location.parse(str(root)), split, None, gpu_decode=False, cache=_no_cache())
+    return [dataset[i] for i in range(len(dataset))]
+
+
+def _no_cache() -> dict:
+    return {"dir": None, "limit": None, "timeout_s": 5.0}
+
+
+def test_samples_are_the_source_files_bytes_split_as_imagefolder_splits_them(source: Path, tmp_path: Path) -> None:
+    flat = tmp_path / "flat"  # one folder of class folders: the converter splits it by --val-fraction
+    shutil.copytree(source / "train", flat)
+    assert pack(flat, tmp_path / "out", "--val-fraction", "0.25", "--split-seed", "3") == 0
+    (train, train_labels), (val, val_labels), classes = folder_splits(str(flat), 0.25, 3)
+    manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
+    assert manifest["classes"] == classes and manifest["splits"]["val"]["samples"] == len(val)
+    for split, paths, labels in (("train", train, train_labels), ("val", val, val_labels)):
+        stored = {r["path"]: r for r in records(tmp_path / "out", split)}
+        expected = {str(Path(p).relative_to(flat)): label for p, label in zip(paths, labels, strict=True)}
+        assert set(stored) == set(expected)  # the same split as dataset=imagefolder
+        for path, label in expected.items():
+            assert bytes(stored[path]["image"]) == (flat / path).read_bytes() and stored[path]["label"] == label
+    order = [r["index"] for r in records(tmp_path / "out", "train")]
+    assert order != sorted(order)  # written in a seeded random order, so chunks mix classes
+
+
+def test_unreadable_source_files_are_listed_and_left_out(source: Path, tmp_path: Path, capsys) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(source, src)
+    first = sorted((src / "train" / "ring").iterdir())[0]
+    first.write_bytes(first.read_bytes()[:200])  # cut short
+    (src / "val" / "star" / "notes.jpg").write_bytes(b"not an image")
+    assert pack(src, tmp_path / "out") == 0
+    out = capsys.readouterr().out
+    assert "unreadable, left out: train/ring/" in out and "val/star/notes.jpg" in out
+    assert "2 unreadable source file(s) left out" in out
+    manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
+    assert set(manifest["unreadable"]) == {str(first.relative_to(src)), "val/star/notes.jpg"}
+    assert (manifest["splits"]["train"]["samples"], manifest["splits"]["val"]["samples"]) == (255, 64)
+    assert "train on it:  python train.py dataset=shards dataset.root=" in out
+
+
+def test_a_destination_holding_something_else_is_refused(source: Path, shards: Path, tmp_path: Path, capsys) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(source / "train", other)  # a different dataset
+    assert pack(other, shards) == 2
+    assert "already holds shards of another dataset" in capsys.readouterr().err
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    assert pack(source, tmp_path / "busy") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is not empty and holds no imgtrain shards" in err
+    assert pack(source, shards) == 0  # the same dataset again: nothing to do
+    assert "already holds this dataset" in capsys.readouterr().out
+
+
+def test_an_interrupted_conversion_never_looks_complete_and_resumes(
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    dst = tmp_path / "out"
+    real = converter.pack_split
+
+    def stopped_in_val(source, store, split, *args):
+        if split == "val":
+            raise KeyboardInterrupt  # Ctrl-C while the second split is written
+        return real(source, store, split, *args)
+
+    monkeypatch.setattr(converter, "pack_split", stopped_in_val)
+    assert pack(source, dst) == 130
+    assert "nothing there looks complete" in capsys.readouterr().err
+    assert not (dst / MANIFEST).exists() and (dst / PARTIAL).exists()
+    error = failure(*shards_args(dst), run_dir=tmp_path / "run")
+    assert isinstance(error, ConfigError) and "a conversion into it did not finish" in str(error)
+    written = {p: p.stat().st_mtime_ns for p in (dst / "train").iterdir()}
+    monkeypatch.setattr(converter, "pack_split", real)
+    assert pack(source, dst) == 0
+    assert "keeping train as written" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in (dst / "train").iterdir()} == written  # kept, not rewritten
+    assert (dst / MANIFEST).exists() and not (dst / PARTIAL).exists()
+
+
+def test_training_on_shards_times_each_stage_and_validates_every_image(shards: Path, tmp_path: Path) -> None:
+    run(compose_cfg(*shards_args(shards), output_dir=str(tmp_path / "run")))
+    metrics = read_metrics(tmp_path / "run")
+    assert metrics["steps"] == 8 and metrics["val_count"] == 64 and metrics["dataset"] == "shards"
+    per_image = metrics["pipeline"]["stage_ms_per_image"]
+    assert all(per_image[stage] > 0 for stage in ("read", "decode", "augment", "collate")), per_image
+    assert metrics["skipped_samples"] == 0
+
+
+@pytest.fixture
+def damaged(shards: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    return copy
+
+
+def _chunk(root: Path, split: str = "train") -> Path:
+    return sorted((root / split).glob("chunk-*.bin"))[0]
+
+
+def _truncate(root: Path) -> str:
+    chunk = _chunk(root)
+    chunk.write_bytes(chunk.read_bytes()[:-100])
+    return f"{chunk.name} is {chunk.stat().st_size:,} bytes, the conversion wrote"
+
+
+def _remove(root: Path) -> str:
+    _chunk(root).unlink()
+    return "shard file(s) missing, e.g. chunk-"
+
+
+def _miscount(root: Path) -> str:
+    index = root / "train" / "index.json"
+    content = json.loads(index.read_text())
+    content["chunks"][0]["chunk_size"] += 1
+    text = json.dumps(content)
+    index.write_text(text[: len(text)])
+    manifest = json.loads((root / MANIFEST).read_text())  # keep its size as recorded, so only the content differs
+    manifest["splits"]["train"]["files"]["index.json"] = index.stat().st_size
+    (root / MANIFEST).write_text(json.dumps(manifest))
+    return "index.json does not match the shards it indexes"
+
+
+@pytest.mark.parametrize("damage", [_truncate, _remove, _miscount], ids=["truncated", "missing", "index"])
+def test_a_damaged_shard_stops_the_run_in_one_line_before_any_step(damage, damaged: Path, tmp_path: Path) -> None:
+    expected = damage(damaged)
+    run_dir = tmp_path / "run"
+    assert expected in str(failure(*shards_args(damaged), run_dir=run_dir))
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "tb").exists()
+
+
+def test_a_corrupt_image_inside_a_shard_is_replaced_in_training_dropped_in_validation(
+    damaged: Path, tmp_path: Path
+) -> None:
+    for split in ("train", "val"):
+        chunk = _chunk(damaged, split)
+        data = bytearray(chunk.read_bytes())
+        start = data.find(b"\xff\xd8\xff")  # the first stored JPEG: its start-of-image marker
+        data[start : start + 4] = b"XXXX"  # same size: only decoding can tell
+        chunk.write_bytes(bytes(data))
+    run(compose_cfg(*shards_args(damaged, "trainer.epochs=2"), output_dir=str(tmp_path / "run")))
+    metrics = read_metrics(tmp_path / "run")
+    assert metrics["steps"] == 16 and metrics["val_count"] == 63  # every training batch full; one val image less
+    assert metrics["skipped_samples"] == 4  # each read counts: 2 epochs x (1 train + 1 val)
+    paths = sorted(item["path"].split(":")[-1].split("/")[0] for item in metrics["unreadable_files"])
+    assert paths == ["train", "val"] and metrics["unreadable_files_count"] == 2
+
+
+def test_shards_refuse_device_resident_in_one_line(shards: Path, tmp_path: Path) -> None:
+    error = failure(*shards_args(shards, "data.device_resident=true"), run_dir=tmp_path / "run")
+    assert "dataset=shards streams it: use data.device_resident=false" in str(error)

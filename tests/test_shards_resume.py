@@ -1,0 +1,123 @@
+"""dataset=shards: exact resume after a real SIGTERM, a resume with another worker count or world size, and DDP
+(each rank a disjoint share, each sample once per epoch), through real processes where the process is the point."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import ROOT, compose_cfg, interrupt, read_metrics
+from shardhelpers import shards_args
+
+from imgtrain.checkpoint import Checkpointer
+from imgtrain.faults import Preempted
+from imgtrain.run import run
+
+RESUMABLE = ["trainer.epochs=2", "trainer.deterministic=true", "trainer.ckpt_every_n_steps=3"]
+
+
+def _weights(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+
+
+def _same_weights(a: Path, b: Path) -> None:
+    first, second = _weights(a), _weights(b)
+    assert first["progress"]["step"] == second["progress"]["step"]
+    for key, tensor in first["model"].items():
+        assert torch.equal(tensor, second["model"][key]), key
+
+
+def _stop_after_step_5(monkeypatch: pytest.MonkeyPatch, args: list[str], run_dir: Path) -> dict:
+    """Run in this process, SIGTERM during step 5 (saved when the step ends, mid-epoch); the checkpoint."""
+    real_step = Checkpointer.step
+
+    def signal_after_step_5(self: Checkpointer, progress) -> None:
+        if progress.step == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+        real_step(self, progress)
+
+    monkeypatch.setattr(Checkpointer, "step", signal_after_step_5)
+    with pytest.raises(Preempted):
+        run(compose_cfg(*args, output_dir=str(run_dir)))
+    monkeypatch.setattr(Checkpointer, "step", real_step)
+    return _weights(run_dir)
+
+
+@pytest.mark.slow  # two runs and a real process: about 25 s
+def test_sigterm_mid_epoch_then_the_same_command_matches_an_uninterrupted_run(
+    shards: Path, tmp_path: Path, data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    args = shards_args(shards, *RESUMABLE)
+    run(compose_cfg(*args, output_dir=str(tmp_path / "straight")))
+    run_dir = tmp_path / "interrupted"
+    stderr = interrupt(args, run_dir, data_dir)  # a real train.py and its worker, a real SIGTERM to the group
+    assert "stopped: SIGTERM at step" in stderr and "Traceback" not in stderr
+    stopped = _weights(run_dir)["progress"]
+    assert 3 <= stopped["step"] < 16 and stopped["samples_in_epoch"] % 32 == 0
+    run(compose_cfg(*args, output_dir=str(run_dir)))  # the same command in the same run directory
+    _same_weights(tmp_path / "straight", run_dir)
+    assert read_metrics(tmp_path / "straight")["val_loss"] == read_metrics(run_dir)["val_loss"]
+
+
+@pytest.mark.slow  # three runs with two workers: about 20 s
+def test_a_resume_with_fewer_workers_finishes_the_epoch_in_its_own_order(
+    shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """LitData's order depends on the worker count: the interrupted epoch ends with the count it started with,
+    so it ends bit-identical to an uninterrupted run with that count (one epoch: the whole run)."""
+    one_epoch = shards_args(shards, "trainer.deterministic=true", "trainer.ckpt_every_n_steps=3")
+    run(compose_cfg(*one_epoch, "data.num_workers=2", output_dir=str(tmp_path / "straight")))
+    saved = _stop_after_step_5(monkeypatch, [*one_epoch, "data.num_workers=2"], tmp_path / "part")
+    assert saved["data_order"] == {"epoch": 0, "world_size": 1, "num_workers": 2, "batch_size": 32}
+    run(compose_cfg(*one_epoch, "data.num_workers=1", output_dir=str(tmp_path / "part")))
+    assert "this epoch started with data.num_workers=2: it finishes with 2" in caplog.text
+    _same_weights(tmp_path / "straight", tmp_path / "part")
+
+
+def test_a_resume_on_fewer_ranks_says_in_one_line_what_litdata_does(
+    shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint whose epoch two ranks started, resumed by one process: LitData re-deals the rest of the epoch."""
+    args = shards_args(shards, "trainer.epochs=2", "trainer.ckpt_every_n_steps=3")
+    _stop_after_step_5(monkeypatch, args, tmp_path / "run")
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    payload = torch.load(last, map_location="cpu", weights_only=True)
+    payload["data_order"]["world_size"] = 2  # as two ranks of 32 would have saved it: 160 samples in, 5 x 32 ...
+    payload["progress"]["samples_in_epoch"] = 192  # ... is not a multiple of 64: 3 x 64 = 192 is
+    torch.save(payload, last)
+    (tmp_path / "run" / "checkpoints" / "last.prev.pt").unlink(missing_ok=True)
+    run(compose_cfg(*args, output_dir=str(tmp_path / "run")))
+    notes = [r.getMessage() for r in caplog.records if "this epoch started with 2 rank(s)" in r.getMessage()]
+    assert len(notes) == 1 and "LitData re-deals the rest of it onto the new ranks" in notes[0]
+    assert "\n" not in notes[0] and read_metrics(tmp_path / "run")["steps"] >= 14
+
+
+@pytest.mark.slow  # torchrun with 2 processes and their workers: about 40 s
+def test_under_ddp_each_rank_reads_a_disjoint_share_and_each_sample_once(shards: Path, tmp_path: Path) -> None:
+    spy = tmp_path / "spy"
+    spy.mkdir()
+    env = {**os.environ, "SPY_DIR": str(spy), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    args = shards_args(shards, "data.num_workers=1", f"hydra.run.dir={tmp_path / 'run'}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    result = subprocess.run(
+        [*cmd, str(ROOT / "tests" / "spy_train.py"), *args], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    reads = collections.defaultdict(list)
+    for path in spy.iterdir():
+        for line in path.read_text().splitlines():
+            rank, epoch, index = (int(v) for v in line.split())
+            reads[(rank, epoch)].append(index)
+    assert set(reads) == {(0, 1), (1, 1)}  # one epoch, two ranks
+    zero, one = reads[(0, 1)], reads[(1, 1)]
+    assert len(zero) == len(set(zero)) and len(one) == len(set(one))  # no sample twice on a rank
+    assert not set(zero) & set(one)  # disjoint shares
+    # Each rank's whole batches: 256 samples over 2 ranks of 32 -> 4 steps each, nothing left over.
+    assert len(zero) == len(one) == 128 and set(zero) | set(one) == set(range(256))
+    assert read_metrics(tmp_path / "run")["steps"] == 4 and read_metrics(tmp_path / "run")["world_size"] == 2
