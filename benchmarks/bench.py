@@ -12,7 +12,9 @@ Sections, in one invocation on this machine (`--only` picks some, e.g. `--only g
                 loader's own ceiling per worker count); ResNet-50 at 224 px on synthetic data. About 4 minutes on
                 one H100;
   gpu-jpeg      ResNet-50 at 224 px from a JPEG folder: CPU decode and dataset.decode=cuda, and timm's train.py
-                on the same folder when --timm-train is given. About 5 minutes on one H100.
+                on the same folder when --timm-train is given. About 5 minutes on one H100;
+  storage       the same JPEGs as a folder and as shards (dataset=shards), read by one loader worker from the page
+                cache and from a store that charges 5 ms per file open (benchmarks/storage.py); about 9 minutes.
 The GPU sections run only where CUDA is available, otherwise their rows say "not measured". Every GPU row
 measures at least 200 steady-state steps. Every figure comes from a real run's metrics.json (or the bare
 loop's or timm's output); nothing is estimated. Results go to a JSON file and, as a dated markdown section,
@@ -41,6 +43,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+from storage import storage  # noqa: E402  (benchmarks/storage.py)
+
 from imgtrain.data.datasets import build_shapes  # noqa: E402
 from imgtrain.data.loader import GuardedSamples, collate  # noqa: E402
 from imgtrain.data.shapes import ensure_shapes  # noqa: E402
@@ -59,15 +63,17 @@ class Bench:
         self.env = {**os.environ, "IMGTRAIN_DATA_DIR": str(workdir / "data"), "PYTHONUNBUFFERED": "1"}
         self.runs = 0
 
-    def train(self, *overrides: str, timeout: float = 1800, checkpoints: bool = False) -> dict:
-        """One train.py run; its metrics.json plus the command that produced it (its log stays in its run dir)."""
+    def train(self, *overrides: str, timeout: float = 1800, checkpoints: bool = False, env: dict | None = None) -> dict:
+        """One train.py run (with `env` added to the environment); its metrics.json plus the command that produced
+        it (its log stays in its run dir)."""
         self.runs += 1
         run_dir = self.workdir / "runs" / f"{self.runs:03d}"
         args = [*overrides, *([] if checkpoints else ["trainer.save_checkpoints=false"]), "trainer.progress_bar=false"]
         cmd = [sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"]
         print(f"  run {self.runs:03d}: {_shown(args)}", flush=True)
         try:
-            result = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+            environ = {**self.env, **(env or {})}
+            result = subprocess.run(cmd, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"command": _shown(args), "error": f"timed out after {timeout:.0f} s"}
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -430,7 +436,7 @@ def machine() -> dict:
     }
 
 
-SECTIONS = ("overhead", "modes", "workers", "breakdown", "checkpoint", "gpu-ceilings", "gpu-jpeg")
+SECTIONS = ("overhead", "modes", "workers", "breakdown", "checkpoint", "gpu-ceilings", "gpu-jpeg", "storage")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -480,6 +486,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.timm_train:  # absolute: timm runs in the work directory
             timm = {"train": str(Path(args.timm_train).resolve()), "pythonpath": args.timm_pythonpath}
         report["gpu_jpeg"] = gpu_jpeg(bench, gpu_steps, gpu_warmup, timm)
+    if "storage" in only:
+        report["storage"] = storage(bench, imagefolder_root(bench), repeats, steps)
     stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M%S")
     json_path = args.json or ROOT / "benchmarks" / "results" / f"{stamp}.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)

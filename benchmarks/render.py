@@ -48,6 +48,8 @@ def render(report: dict, json_path: Path) -> str:
         lines += _gpu_rows("(d) GPU: ResNet-18 at 32 px and ResNet-50 at 224 px", report["gpu_ceilings"], "r18_ceiling")
     if "gpu_jpeg" in report:
         lines += _gpu_jpeg(report["gpu_jpeg"])
+    if "storage" in report:
+        lines += _storage(report["storage"])
     lines += [
         "",
         "Each row's command is in the JSON file. Images/s are steady state (after `trainer.warmup_steps`), summed "
@@ -187,4 +189,40 @@ def _checkpoint(result: dict) -> list[str]:
             ]
     repeats = result["repeats"]
     lines += ["", f"Runs interleaved, {repeats} of each. Targets: cost <= 2% on a 2-core CPU, <= 1% on an H100."]
+    return lines
+
+
+def _storage(result: dict) -> list[str]:
+    slow = f"{result['slow_us_per_open'] / 1000:g} ms per open"
+    lines = [
+        "",
+        f"### (f) Storage: a folder against shards, one loader worker (mode=loader, {result['repeats']} "
+        f"interleaved rounds of {result['steps']} steps)",
+        "",
+    ]
+    lines += [
+        "| store | format | images/s per worker (median) | runs | data wait | read ms/image |",
+        "| --- | --- | ---: | --- | ---: | ---: |",
+    ]
+    for row in result["rows"]:
+        store = slow if row["store"] == "slow" else row["store"]
+        runs = ", ".join(f"{v:,.0f}" for v in row["runs"]) or row.get("error", result["slow_store"])
+        read = f"{row['read_ms_per_image']:.3f}" if row.get("read_ms_per_image") is not None else "—"
+        lines.append(
+            f"| {store} | {row['format']} | {_rate(row['images_per_sec_per_worker'])} | {runs} | "
+            f"{_share(row['data_wait_frac'])} | {read} |"
+        )
+    lines.append("")
+    for store, target in (("page cache", 0.95), ("slow", 3.0)):
+        ratio = result["ratios"].get(store)
+        name = slow if store == "slow" else store
+        if not ratio:
+            why = result["slow_store"] if store == "slow" and result["slow_store"] != "measured" else "the runs failed"
+            lines.append(f"- {name}: not measured ({why})")
+            continue
+        verdict = "met" if ratio["min"] >= target else ("met by the median" if ratio["median"] >= target else "missed")
+        lines.append(
+            f"- {name}: shards/folder {ratio['median']:.2f}x (rounds {ratio['min']:.2f}-{ratio['max']:.2f}); "
+            f"target >= {target:g}x: {verdict}"
+        )
     return lines

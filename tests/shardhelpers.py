@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import compose_cfg
 
+from imgtrain.checkpoint import Checkpointer
 from imgtrain.data.shards import convert as converter
 from imgtrain.errors import RunError
+from imgtrain.faults import Preempted
 from imgtrain.run import run
 
 
@@ -33,3 +38,20 @@ def failure(*overrides: str, run_dir: Path) -> RunError:
 
 def pack(src: Path | str, dst: Path | str, *flags: str) -> int:
     return converter.main([str(src), str(dst), "--workers", "2", *flags])
+
+
+def stop_after_step_5(monkeypatch: pytest.MonkeyPatch, args: list[str], run_dir: Path) -> dict:
+    """`run(args)` in this process with a SIGTERM during step 5 (saved when the step ends, mid-epoch, as a stop
+    signal is); returns the checkpoint it saved."""
+    real_step = Checkpointer.step
+
+    def signal_after_step_5(self: Checkpointer, progress) -> None:
+        if progress.step == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+        real_step(self, progress)
+
+    monkeypatch.setattr(Checkpointer, "step", signal_after_step_5)
+    with pytest.raises(Preempted):
+        run(compose_cfg(*args, output_dir=str(run_dir)))
+    monkeypatch.setattr(Checkpointer, "step", real_step)
+    return torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)

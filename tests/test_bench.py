@@ -42,10 +42,15 @@ def test_quick_benchmark_runs_every_section(tmp_path: Path) -> None:
     assert {row["key"] for row in gpu_rows} >= {"r18_ceiling", "r18_resident", "r50_ceiling", "r50_jpeg_cuda"}
     if not torch.cuda.is_available():
         assert all(row["note"].startswith("not measured") for row in gpu_rows)
+    storage = {(row["format"], row["store"]): row for row in report["storage"]["rows"]}
+    stores = ("page cache", "slow") if report["storage"]["slow_store"] == "measured" else ("page cache",)
+    assert all(storage[(f, s)]["images_per_sec_per_worker"] > 0 for f in ("folder", "shards") for s in stores)
+    if "slow" in stores:  # 5 ms per open: the folder pays it per image, so its read stage shows it
+        assert storage[("folder", "slow")]["read_ms_per_image"] > 4 > storage[("shards", "slow")]["read_ms_per_image"]
     text = out_md.read_text()
     assert "(quick mode: a smoke test, not figures to quote)" in text and "### (c) Loader throughput" in text
     assert "### (d) GPU" in text and "### (e) GPU" in text and "### Checkpoint cost" in text
-    assert "### Cost of the stage breakdown" in text
+    assert "### Cost of the stage breakdown" in text and "### (f) Storage" in text
 
 
 def test_only_runs_the_sections_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

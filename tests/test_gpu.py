@@ -11,6 +11,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 import torch
 from helpers import FAST, RESUMABLE, compose_cfg, interrupt, read_metrics, run_torchrun, run_train
 from PIL import Image
+from shardhelpers import shards_args
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from imgtrain.checkpoint import Checkpointer, checkpointer
@@ -200,6 +202,24 @@ def test_truncated_and_cmyk_jpegs_are_skipped_and_counted(tmp_path: Path, data_d
     env = metrics["environment"]  # the pre-flight fingerprint on a GPU: NVML's driver, nvJPEG's version
     assert env["gpu_name"] == torch.cuda.get_device_name(0) and env["driver"] and env["cudnn"]
     assert env["decoder"]["in_use"].startswith("nvJPEG") and env["decoder"]["nvjpeg"] and env["probe_ms"] < 1000
+
+
+def test_shards_decode_on_the_gpu_and_count_an_unreadable_jpeg(shards: Path, tmp_path: Path) -> None:
+    """dataset=shards with dataset.decode=cuda: the workers read the stored bytes, the GPU decodes; a stored
+    image made undecodable is replaced and counted as on the folder path."""
+    damaged = tmp_path / "shards"
+    shutil.copytree(shards, damaged)
+    chunk = sorted((damaged / "train").glob("chunk-*.bin"))[0]
+    data = bytearray(chunk.read_bytes())
+    start = data.find(b"\xff\xd8\xff")
+    data[start : start + 4] = b"XXXX"
+    chunk.write_bytes(bytes(data))
+    overrides = shards_args(damaged, "dataset.decode=cuda", "data.num_workers=2", "trainer.epochs=2")
+    run(compose_cfg(*overrides, output_dir=str(tmp_path / "run")))
+    metrics = read_metrics(tmp_path / "run")
+    stages = metrics["pipeline"]["stage_ms_per_image"]
+    assert stages["gpu_decode"] > 0 and stages["read"] > 0 and stages["decode"] == 0
+    assert metrics["steps"] == 16 and metrics["skipped_samples"] == 2 and math.isfinite(metrics["val_loss"])
 
 
 # ----------------------------------------------------------------------------- resume and precision

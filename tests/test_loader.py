@@ -15,6 +15,7 @@ from imgtrain.data.loader import (
     build_loader,
     init_worker,
     plan_loader,
+    sample_seed,
     sample_seeds,
 )
 
@@ -207,6 +208,7 @@ def test_per_sample_seeds_are_computed_with_numpy_and_match_the_hash() -> None:
     for seed, epoch in ((0, 0), (7, 3), (2**31 - 1, 1000)):
         expected = [_splitmix_reference(seed, epoch, int(i)) for i in indices]
         assert sample_seeds(seed, epoch, indices).tolist() == expected
+        assert [sample_seed(seed, epoch, int(i)) for i in indices] == expected  # the one-sample form (shards)
     sampler = EpochSampler(50, num_replicas=2, rank=1, shuffle=True, seed=4, drop_last=True)
     sampler.set_epoch(2, start=5)
     order, seeds = sampler.order()

@@ -99,18 +99,37 @@ def _summary(wait: float, per_image: dict, *, busy: float = 0.9, transfer: float
     ("per_image", "busy", "transfer", "stage", "advice"),
     [
         ({"read": 0.1, "decode": 2.0, "augment": 0.5}, 0.9, 0.1, "decode", "dataset.decode=cuda"),
-        ({"read": 3.0, "decode": 1.0, "augment": 0.5}, 0.9, 0.1, "read", "page cache"),
+        (
+            {"read": 3.0, "decode": 1.0, "augment": 0.5},
+            0.9,
+            0.1,
+            "read",
+            "`make shards SRC=/data/imgs DST=<local dir>`",
+        ),
         ({"read": 0.1, "decode": 0.5, "augment": 2.0}, 0.9, 0.1, "augment", "augmenting on the GPU"),
         ({"read": 0.1, "decode": 0.5, "augment": 0.2}, 0.9, 0.8, "transfer", "larger batches"),
         ({"read": 0.1, "decode": 0.5, "augment": 0.2}, 0.2, 0.1, "idle", "data.prefetch_factor"),
     ],
 )
 def test_an_input_bound_verdict_names_the_stage_and_what_addresses_it(per_image, busy, transfer, stage, advice):
-    summary = _summary(0.4, per_image, busy=busy, transfer=transfer)
+    summary = _summary(0.4, per_image, busy=busy, transfer=transfer, dataset="imagefolder", dataset_root="/data/imgs")
     verdict = report.verdict(summary)
     assert verdict.startswith("input-bound: 40% of step time waits for data")
     assert report.bounding_stage(summary) == stage and advice in verdict
     assert ("takes the most input time" in verdict) == (stage not in ("transfer", "idle"))
+
+
+@pytest.mark.parametrize(
+    ("dataset", "root", "advice"),
+    [
+        ("imagefolder", "/nfs/imgs", "make shards SRC=/nfs/imgs DST=<local dir>`, then dataset=shards"),
+        ("shards", "s3://bucket/imgs", "`aws s3 sync s3://bucket/imgs <local dir>`"),
+        ("shards", "/nfs/shards", "local disk or the page cache (copy the dataset off network storage)"),
+    ],
+)
+def test_a_read_bound_verdict_prescribes_what_fits_where_the_data_is(dataset: str, root: str, advice: str) -> None:
+    summary = _summary(0.4, {"read": 3.0, "decode": 1.0, "augment": 0.5}, dataset=dataset, dataset_root=root)
+    assert advice in report.verdict(summary)
 
 
 def test_workers_taking_the_cpus_the_model_needs_is_not_called_compute_bound() -> None:

@@ -9,10 +9,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import compose_cfg, read_metrics
 from shardhelpers import failure, pack, shards_args
 
+from imgtrain.config import DataConfig
 from imgtrain.data.datasets import folder_splits
+from imgtrain.data.loader import plan_loader
+from imgtrain.data.pipeline import make_loader
 from imgtrain.data.shards import convert as converter
 from imgtrain.data.shards.dataset import ShardSplit
 from imgtrain.data.shards.manifest import MANIFEST, PARTIAL
@@ -174,3 +178,16 @@ def test_a_corrupt_image_inside_a_shard_is_replaced_in_training_dropped_in_valid
 def test_shards_refuse_device_resident_in_one_line(shards: Path, tmp_path: Path) -> None:
     error = failure(*shards_args(shards, "data.device_resident=true"), run_dir=tmp_path / "run")
     assert "dataset=shards streams it: use data.device_resident=false" in str(error)
+
+
+def test_with_decode_cuda_workers_hand_over_the_stored_jpeg_bytes(shards: Path, source: Path) -> None:
+    """The worker half of dataset.decode=cuda, on the CPU: each batch is the stored JPEGs, undecoded, with the
+    names of the images (the GPU half is tests/test_gpu.py)."""
+    split = ShardSplit(Location.parse(str(shards)), "val", None, gpu_decode=True, cache=_no_cache())
+    plan = plan_loader(DataConfig(num_workers=0, batch_size=16), train=False, device_type="cpu")
+    batches = list(make_loader(split, plan, train=False, seed=0))
+    images = [image for batch in batches for image in batch.images]
+    names = [name for batch in batches for name in batch.sources]
+    assert len(images) == len(names) == 64 and all(image.dtype == torch.uint8 for image in images)
+    root, path = names[0].rsplit(":", 1)
+    assert root == str(shards) and bytes(images[0].numpy()) == (source / path).read_bytes()

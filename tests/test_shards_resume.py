@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import ROOT, compose_cfg, interrupt, read_metrics
-from shardhelpers import shards_args
+from shardhelpers import shards_args, stop_after_step_5
 
-from imgtrain.checkpoint import Checkpointer
-from imgtrain.faults import Preempted
 from imgtrain.run import run
 
 RESUMABLE = ["trainer.epochs=2", "trainer.deterministic=true", "trainer.ckpt_every_n_steps=3"]
@@ -31,22 +28,6 @@ def _same_weights(a: Path, b: Path) -> None:
     assert first["progress"]["step"] == second["progress"]["step"]
     for key, tensor in first["model"].items():
         assert torch.equal(tensor, second["model"][key]), key
-
-
-def _stop_after_step_5(monkeypatch: pytest.MonkeyPatch, args: list[str], run_dir: Path) -> dict:
-    """Run in this process, SIGTERM during step 5 (saved when the step ends, mid-epoch); the checkpoint."""
-    real_step = Checkpointer.step
-
-    def signal_after_step_5(self: Checkpointer, progress) -> None:
-        if progress.step == 5:
-            os.kill(os.getpid(), signal.SIGTERM)
-        real_step(self, progress)
-
-    monkeypatch.setattr(Checkpointer, "step", signal_after_step_5)
-    with pytest.raises(Preempted):
-        run(compose_cfg(*args, output_dir=str(run_dir)))
-    monkeypatch.setattr(Checkpointer, "step", real_step)
-    return _weights(run_dir)
 
 
 @pytest.mark.slow  # two runs and a real process: about 25 s
@@ -73,7 +54,7 @@ def test_a_resume_with_fewer_workers_finishes_the_epoch_in_its_own_order(
     so it ends bit-identical to an uninterrupted run with that count (one epoch: the whole run)."""
     one_epoch = shards_args(shards, "trainer.deterministic=true", "trainer.ckpt_every_n_steps=3")
     run(compose_cfg(*one_epoch, "data.num_workers=2", output_dir=str(tmp_path / "straight")))
-    saved = _stop_after_step_5(monkeypatch, [*one_epoch, "data.num_workers=2"], tmp_path / "part")
+    saved = stop_after_step_5(monkeypatch, [*one_epoch, "data.num_workers=2"], tmp_path / "part")
     assert saved["data_order"] == {"epoch": 0, "world_size": 1, "num_workers": 2, "batch_size": 32}
     run(compose_cfg(*one_epoch, "data.num_workers=1", output_dir=str(tmp_path / "part")))
     assert "this epoch started with data.num_workers=2: it finishes with 2" in caplog.text
@@ -85,7 +66,7 @@ def test_a_resume_on_fewer_ranks_says_in_one_line_what_litdata_does(
 ) -> None:
     """A checkpoint whose epoch two ranks started, resumed by one process: LitData re-deals the rest of the epoch."""
     args = shards_args(shards, "trainer.epochs=2", "trainer.ckpt_every_n_steps=3")
-    _stop_after_step_5(monkeypatch, args, tmp_path / "run")
+    stop_after_step_5(monkeypatch, args, tmp_path / "run")
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     payload = torch.load(last, map_location="cpu", weights_only=True)
     payload["data_order"]["world_size"] = 2  # as two ranks of 32 would have saved it: 160 samples in, 5 x 32 ...

@@ -4,8 +4,6 @@ one line naming the URL and the cause, within seconds, before any step, with the
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,10 +12,8 @@ import pytest
 import torch
 from helpers import compose_cfg, read_metrics
 from s3server import S3Server, free_port, s3_server, silent_endpoint
-from shardhelpers import failure, pack, shards_args
+from shardhelpers import failure, pack, shards_args, stop_after_step_5
 
-from imgtrain.checkpoint import Checkpointer
-from imgtrain.faults import Preempted
 from imgtrain.run import run
 
 ROOT = "s3://shards/shapes"
@@ -26,11 +22,12 @@ ROOT = "s3://shards/shapes"
 @pytest.fixture(scope="session")
 def s3(source: Path) -> Iterator[S3Server]:
     """One server for the session, holding `source` converted into s3://shards/shapes by imgtrain-shards."""
-    with s3_server() as server, pytest.MonkeyPatch.context() as patch:
-        for key, value in server.env().items():
-            patch.setenv(key, value)
-        server.client().create_bucket(Bucket="shards")
-        assert pack(source, ROOT) == 0
+    with s3_server() as server:
+        with pytest.MonkeyPatch.context() as patch:  # the AWS variables for the conversion only
+            for key, value in server.env().items():
+                patch.setenv(key, value)
+            server.client().create_bucket(Bucket="shards")
+            assert pack(source, ROOT) == 0
         yield server
 
 
@@ -109,17 +106,7 @@ def test_a_run_stopped_mid_epoch_resumes_from_object_storage_bit_identically(
 ) -> None:
     args = shards_args(ROOT, "trainer.epochs=2", "trainer.deterministic=true", f"dataset.cache_dir={tmp_path}/cache")
     run(compose_cfg(*args, output_dir=str(tmp_path / "straight")))
-    real_step = Checkpointer.step
-
-    def signal_after_step_5(self: Checkpointer, progress) -> None:
-        if progress.step == 5:
-            os.kill(os.getpid(), signal.SIGTERM)
-        real_step(self, progress)
-
-    monkeypatch.setattr(Checkpointer, "step", signal_after_step_5)
-    with pytest.raises(Preempted):
-        run(compose_cfg(*args, output_dir=str(tmp_path / "part")))
-    monkeypatch.setattr(Checkpointer, "step", real_step)
+    stop_after_step_5(monkeypatch, args, tmp_path / "part")
     run(compose_cfg(*args, output_dir=str(tmp_path / "part")))
     straight = torch.load(tmp_path / "straight" / "checkpoints" / "last.pt", weights_only=True)
     resumed = torch.load(tmp_path / "part" / "checkpoints" / "last.pt", weights_only=True)

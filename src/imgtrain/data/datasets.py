@@ -66,6 +66,12 @@ def eval_transform(image_size: int, resize: int | None = None) -> v2.Compose:
     return v2.Compose([v2.Resize(resize or int(image_size / 0.875), antialias=True), v2.CenterCrop(image_size)])
 
 
+def imagenet_transforms(image_size: int, val_resize: int | None, augment: bool) -> tuple[Any, Any]:
+    """(training, validation) transforms of the ImageNet-style datasets (imagefolder, shards)."""
+    val_tf = eval_transform(image_size, val_resize)
+    return (train_transform(image_size) if augment else val_tf), val_tf
+
+
 def square_resize(image_size: int) -> v2.Resize:
     return v2.Resize((image_size, image_size), antialias=True)  # a no-op when the size already matches
 
@@ -331,10 +337,10 @@ def build_imagefolder(
     """
     root = os.path.abspath(os.path.expanduser(root))
     (train_paths, train_labels), (val_paths, val_labels), classes = folder_splits(root, val_fraction, split_seed)
-    val_tf = eval_transform(image_size, val_resize)
+    train_tf, val_tf = imagenet_transforms(image_size, val_resize, augment)
     files = EncodedFileDataset if decode == "cuda" else ImageFileDataset
     return DatasetBundle(
-        train=files(train_paths, train_labels, classes, train_transform(image_size) if augment else val_tf),
+        train=files(train_paths, train_labels, classes, train_tf),
         val=files(val_paths, val_labels, classes, val_tf),
         num_classes=len(classes),
         image_size=image_size,

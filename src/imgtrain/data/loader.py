@@ -83,6 +83,15 @@ def sample_seeds(seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
     return ((x ^ (x >> np.uint64(31))) >> np.uint64(1)).astype(np.int64)
 
 
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """`sample_seeds` for one sample, in Python integers: about 1 us instead of 13 us for a one-element array
+    (dataset=shards seeds each sample in the worker as it reads it)."""
+    x = (index + ((seed * 0x9E3779B97F4A7C15 + epoch * 0xD1B54A32D192ED03) & _MASK64)) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) >> 1
+
+
 @dataclass
 class LoaderPlan:
     """The effective DataLoader arguments for one split, and the notes on how they were derived."""

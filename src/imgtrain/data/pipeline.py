@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,25 +60,27 @@ class RunData:
             sampler.set_epoch(epoch, start=samples_done // self.replicas)
 
 
-def _replan(plan: LoaderPlan, workers: int) -> LoaderPlan:
-    """`plan` with `workers` workers: the worker-only arguments follow (dataset=shards finishing a resumed epoch)."""
-    kwargs = dict(plan.kwargs, num_workers=workers)
-    if workers == 0:
-        kwargs["timeout"] = 0
-        for key in ("prefetch_factor", "persistent_workers", "multiprocessing_context"):
-            kwargs.pop(key, None)
-    else:
-        kwargs.setdefault("prefetch_factor", 2)
-        kwargs.setdefault("persistent_workers", False)
-    return dataclasses.replace(plan, kwargs=kwargs)
-
-
-def make_loader(dataset: Any, plan: LoaderPlan, *, train: bool, seed: int, rank: int = 0, world_size: int = 1) -> Any:
-    """The split's loader: LitData's for dataset=shards, else a DataLoader with our samplers."""
+def make_loader(
+    dataset: Any,
+    plan: LoaderPlan,
+    *,
+    train: bool,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
+    replan: Callable[[int], LoaderPlan] | None = None,
+) -> Any:
+    """The split's loader: LitData's for dataset=shards (`replan(workers)`: the plan with another worker count, to
+    finish a resumed epoch with the count it started with), else a DataLoader with our samplers."""
     if isinstance(dataset, ShardSplit):
-        replan = functools.partial(_replan, plan)
         return ShardLoader(dataset, plan, train=train, seed=seed, rank=rank, world_size=world_size, replan=replan)
     return build_loader(dataset, plan, train=train, seed=seed, rank=rank, world_size=world_size)
+
+
+def training_replan(settings: Config, info: dist.DistInfo, device: torch.device) -> Callable[[int], LoaderPlan]:
+    """dataset=shards: the training plan for any worker count (its tune choice, or a resumed epoch that started with
+    another count)."""
+    return lambda workers: _streamed(settings, plan_with_workers(settings.data, workers, device.type, info), info)
 
 
 def plan_with_workers(data: DataConfig, workers: int, device_type: str, info: dist.DistInfo) -> LoaderPlan:
@@ -90,14 +92,14 @@ def plan_with_workers(data: DataConfig, workers: int, device_type: str, info: di
 def use_tuned_workers(data: RunData, settings: Config, info: dist.DistInfo, device: torch.device, tuned: dict) -> None:
     """Rebuild the training loader with the count `data.num_workers=tune` chose, and record the probe with its
     arguments (loader_args.json is written again by `save_loader_args`)."""
-    chosen = tuned["chosen"]
-    if isinstance(data.bundle.train, ShardSplit):  # one count on every rank (see _streamed)
-        chosen = tuned["chosen"] = dist.broadcast_object(chosen, info)
-    plan = plan_with_workers(settings.data, chosen, device.type, info)
-    if isinstance(data.bundle.train, ShardSplit):
-        plan = _streamed(settings, plan, info, device)
+    replan = training_replan(settings, info, device)
+    if isinstance(data.bundle.train, ShardSplit):  # one count on every rank (see _agree_workers)
+        tuned["chosen"] = dist.broadcast_object(tuned["chosen"], info)
+        plan = replan(tuned["chosen"])
+    else:
+        plan = plan_with_workers(settings.data, tuned["chosen"], device.type, info)
     shard = {"rank": info.rank, "world_size": info.world_size}
-    data.train = make_loader(data.bundle.train, plan, train=True, seed=settings.trainer.seed, **shard)
+    data.train = make_loader(data.bundle.train, plan, train=True, seed=settings.trainer.seed, replan=replan, **shard)
     data.loader_args["train"] = plan.describe()
     data.loader_args["tune"] = tuned
 
@@ -119,7 +121,7 @@ def plan_loaders(
     common = {"device_type": device.type, "world_size": info.world_size, "local_world_size": info.local_world_size}
     train_plan = plan_loader(settings.data, train=True, **common)
     if streamed:
-        train_plan = _streamed(settings, train_plan, info, device)
+        train_plan = _agree_workers(settings, _streamed(settings, train_plan, info), info, device)
     val_plan = plan_loader(settings.data, train=False, **common)
     for note in train_plan.notes:
         log.warning(note) if note.startswith("data.num_workers=0") else log.info(note)
@@ -139,33 +141,35 @@ def _check_gpu_decode(settings: Config, device: torch.device) -> bool:
     return gpu_decode
 
 
-def _streamed(settings: Config, plan: LoaderPlan, info: dist.DistInfo, device: torch.device) -> LoaderPlan:
-    """dataset=shards: the training plan that LitData can follow, each adjustment said in one line."""
+def _streamed(settings: Config, plan: LoaderPlan, info: dist.DistInfo) -> LoaderPlan:
+    """dataset=shards: the training plan LitData can follow, each adjustment said in one line."""
     data = settings.data
     if data.device_resident:
         raise ConfigError(
             "data.device_resident=true needs the whole training set in memory at once, and dataset=shards streams "
             "it: use data.device_resident=false, or dataset=imagefolder on a local copy"
         )
-    if info.world_size > 1:
-        # LitData deals chunks to world_size x num_workers workers: every rank must count the same workers.
-        workers = dist.broadcast_object(plan.kwargs["num_workers"], info)
-        if workers != plan.kwargs["num_workers"]:
-            log.warning(
-                "dataset=shards: data.num_workers=%d on every rank, rank 0's (LitData needs one count)", workers
-            )
-            plan = plan_with_workers(data, workers, device.type, info)
-        if data.distributed_sampler is False:
-            log.warning(
-                "data.distributed_sampler=false does not apply to dataset=shards: LitData shards over the ranks"
-            )
-        if not plan.kwargs["drop_last"]:
-            plan.kwargs["drop_last"] = True
-            log.warning(
-                "data.drop_last=false does not apply to dataset=shards under DDP: LitData does not pad the ranks' "
-                "shares, so without dropping the last incomplete batch they would take different numbers of steps"
-            )
+    if info.world_size > 1 and data.distributed_sampler is False:
+        log.warning("data.distributed_sampler=false does not apply to dataset=shards: LitData shards over the ranks")
+    if info.world_size > 1 and not plan.kwargs["drop_last"]:
+        plan.kwargs["drop_last"] = True
+        log.warning(
+            "data.drop_last=false does not apply to dataset=shards under DDP: LitData does not pad the ranks' "
+            "shares, so without dropping the last incomplete batch they would take different numbers of steps"
+        )
     return plan
+
+
+def _agree_workers(settings: Config, plan: LoaderPlan, info: dist.DistInfo, device: torch.device) -> LoaderPlan:
+    """dataset=shards under DDP: LitData deals chunks to world_size x num_workers workers, so every rank takes
+    rank 0's count (one broadcast, when the loaders are built)."""
+    if info.world_size == 1:
+        return plan
+    workers = dist.broadcast_object(plan.kwargs["num_workers"], info)
+    if workers == plan.kwargs["num_workers"]:
+        return plan
+    log.warning("dataset=shards: data.num_workers=%d on every rank, rank 0's (LitData needs one count)", workers)
+    return _streamed(settings, plan_with_workers(settings.data, workers, device.type, info), info)
 
 
 def build_data(
@@ -183,7 +187,8 @@ def build_data(
     train_plan, val_plan = plan_loaders(settings, device, info, streamed=isinstance(bundle.train, ShardSplit))
     loader_args = {"train": train_plan.describe(), "val": val_plan.describe()}
     shard = {"rank": info.rank, "world_size": info.world_size}
-    train_loader = make_loader(bundle.train, train_plan, train=True, seed=seed, **shard)
+    replan = training_replan(settings, info, device)
+    train_loader = make_loader(bundle.train, train_plan, train=True, seed=seed, replan=replan, **shard)
     val_loader = make_loader(bundle.val, val_plan, train=False, seed=seed, **shard)
     if len(train_loader) == 0:
         raise ConfigError(

@@ -252,6 +252,7 @@ class Metrics:
             "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
             "precision": precision,
             "dataset": settings.dataset.name,
+            "dataset_root": getattr(settings.dataset, "root", None),  # what a read-bound verdict names
             "model": settings.model.arch,
             "torch_version": torch.__version__,
             "torchvision_version": torchvision.__version__,

@@ -38,8 +38,7 @@ CONTENDED_RATE = 0.8
 IDLE_WORKERS = 0.5
 # What addresses each stage when it bounds a run (the verdict names the stage, then these).
 STAGE_ADVICE = {
-    "read": "local disk or the page cache (copy the dataset off network storage), or packed shards (fewer, "
-    "larger files)",
+    "read": "local disk or the page cache (copy the dataset off network storage)",
     "decode": "dataset.decode=cuda (nvJPEG), more workers, or a faster decoder (pre-resized images)",
     "augment": "cheaper transforms, or augmenting on the GPU (data.device_resident=true for small datasets)",
     "collate": "fewer bytes per batch (smaller images) or larger, fewer batches",
@@ -47,6 +46,26 @@ STAGE_ADVICE = {
     "gpu_decode": "pre-resized JPEGs (fewer pixels to decode), or dataset.decode=cpu with more workers",
     "idle": "a deeper prefetch (data.prefetch_factor=4) or less start-up (data.persistent_workers=true)",
 }
+
+
+def stage_advice(stage: str, summary: dict[str, Any]) -> str:
+    """What addresses `stage`. A read-bound run gets what fits where its data is: an image folder is packed into
+    shards (one request per shard instead of one per image), shards in object storage are copied or cached."""
+    if stage != "read":
+        return STAGE_ADVICE[stage]
+    root = summary.get("dataset_root")
+    if summary.get("dataset") != "shards":
+        return (
+            f"packing the folder into shards on local disk (one request per 64 MB shard instead of one per image): "
+            f"`make shards SRC={root or '<image folder>'} DST=<local dir>`, then dataset=shards "
+            f"dataset.root=<local dir>; and {STAGE_ADVICE['read']}"
+        )
+    if root and str(root).startswith("s3://"):
+        return (
+            f"a local copy of the shards (`aws s3 sync {root} <local dir>`, then dataset.root=<local dir>), or a "
+            "dataset.cache_limit_gb above their size so each chunk is fetched once, not every epoch"
+        )
+    return STAGE_ADVICE["read"]
 
 
 def input_stage(pipeline: dict[str, Any] | None) -> str | None:
@@ -85,7 +104,7 @@ def contention(summary: dict[str, Any]) -> str | None:
         f"CPU-contended: training ran at {rate:.1f} images/s, {rate / compute:.0%} of the model's own rate "
         f"({compute:.1f} images/s with the workers idle), while loading kept {pipeline['worker_busy_cores']:.1f} of "
         f"{summary['cpu_count']} CPUs busy, most of it in {stage} ({per_image[stage]:.2f} ms per image); "
-        f"try {fewer}or take {stage} off these CPUs: {STAGE_ADVICE[stage]}"
+        f"try {fewer}or take {stage} off these CPUs: {stage_advice(stage, summary)}"
     )
 
 
@@ -100,7 +119,8 @@ def verdict(summary: dict[str, Any]) -> str:
         if stage is None:
             return f"input-bound: {wait:.0%} of step time waits for data; try {suggest_next(summary)}"
         more = suggest_next(summary) if stage in ("read", "decode", "augment") else None
-        advice = STAGE_ADVICE[stage] if more is None or "num_workers" not in more else f"{more}, {STAGE_ADVICE[stage]}"
+        advice = stage_advice(stage, summary)
+        advice = advice if more is None or "num_workers" not in more else f"{more}, {advice}"
         return f"input-bound: {wait:.0%} of step time waits for data; {_stage_words(stage, pipeline)}: try {advice}"
     contended = contention(summary)
     if contended:

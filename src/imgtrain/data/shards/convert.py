@@ -285,3 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report(manifest, args.dst))
     print(f"({time.perf_counter() - started:.1f} s)")
     return 0
+
+
+if __name__ == "__main__":  # python -m imgtrain.data.shards.convert SRC DST (imgtrain-shards is the same)
+    sys.exit(main())

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from litdata import StreamingDataset
 from litdata.streaming.sampler import ChunkedIndex
@@ -25,12 +24,11 @@ from imgtrain.data.datasets import (
     DatasetBundle,
     decode_bytes,
     error_reason,
-    eval_transform,
-    train_transform,
+    imagenet_transforms,
     triple,
 )
 from imgtrain.data.jpeg import EncodedJpeg, jpeg_problem
-from imgtrain.data.loader import GuardedSamples, Sample, sample_seeds, seeded
+from imgtrain.data.loader import GuardedSamples, Sample, sample_seed, seeded
 from imgtrain.data.shards import engine
 from imgtrain.data.shards.manifest import SPLITS, Manifest, check_files, read_manifest
 from imgtrain.data.shards.store import Location, Store
@@ -72,7 +70,7 @@ class ShardSplit(StreamingDataset):
         if not isinstance(index, ChunkedIndex):  # random access by position: the stored record itself
             return super().__getitem__(index)
         started = time.perf_counter()
-        seed = int(sample_seeds(self.seed, self.current_epoch - 1, np.array([index.index]))[0]) if self.train else None
+        seed = sample_seed(self.seed, self.current_epoch - 1, index.index) if self.train else None
         record = self._read(index)
         read = time.perf_counter() - started
         skipped: list[tuple[str, str]] = []
@@ -163,8 +161,7 @@ def build_shards(
     manifest: Manifest = read_manifest(store)
     for split in SPLITS:
         check_files(store, manifest, split)
-    val_tf = eval_transform(image_size, val_resize)
-    transforms = {"train": train_transform(image_size) if augment else val_tf, "val": val_tf}
+    transforms = dict(zip(SPLITS, imagenet_transforms(image_size, val_resize, augment), strict=True))
     train, val = (
         ShardSplit(
             location,

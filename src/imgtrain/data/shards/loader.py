@@ -60,7 +60,8 @@ class StreamBatches:
 class ShardLoader:
     """Batches of a ShardSplit with the effective DataLoader arguments of `plan` (LitData shards over the ranks
     itself: there is no sampler). For training, `start_epoch` positions it; `state_dict` is saved in checkpoints.
-    `replan(workers)` gives the plan with another worker count (to finish a resumed epoch with its own)."""
+    `replan(workers)` gives the plan with another worker count (to finish a resumed epoch with its own; without
+    it, as for tune's probes, which never resume, a changed count is re-dealt by LitData)."""
 
     sampler = None
 
@@ -73,7 +74,7 @@ class ShardLoader:
         seed: int,
         rank: int,
         world_size: int,
-        replan: Callable[[int], LoaderPlan],
+        replan: Callable[[int], LoaderPlan] | None = None,
     ):
         dataset.train, dataset.timed, dataset.seed = train, plan.stage_timings, seed  # before the workers start
         self.dataset, self.seed, self.rank, self.replicas, self.replan = dataset, seed, rank, world_size, replan
@@ -135,7 +136,8 @@ class ShardLoader:
         order = (
             Topology(**{k: saved[k] for k in ("world_size", "num_workers", "batch_size")}) if saved else self.topology
         )
-        replay = order != self.topology and order == replace(self.topology, num_workers=order.num_workers)
+        same_grid = order == replace(self.topology, num_workers=order.num_workers)
+        replay = order != self.topology and same_grid and self.replan is not None
         self._use_workers(order.num_workers if replay else self.topology.num_workers)
         if replay:
             log.warning(
