@@ -18,7 +18,8 @@ from imgtrain.data.datasets import folder_splits
 from imgtrain.data.loader import plan_loader
 from imgtrain.data.pipeline import make_loader
 from imgtrain.data.shards import convert as converter
-from imgtrain.data.shards.dataset import ShardSplit
+from imgtrain.data.shards import dataset as shards_dataset
+from imgtrain.data.shards.dataset import ShardError, ShardSplit
 from imgtrain.data.shards.manifest import MANIFEST, PARTIAL
 from imgtrain.data.shards.store import Location
 from imgtrain.errors import ConfigError
@@ -191,3 +192,17 @@ def test_with_decode_cuda_workers_hand_over_the_stored_jpeg_bytes(shards: Path, 
     assert len(images) == len(names) == 64 and all(image.dtype == torch.uint8 for image in images)
     root, path = names[0].rsplit(":", 1)
     assert root == str(shards) and bytes(images[0].numpy()) == (source / path).read_bytes()
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_shard_that_breaks_during_the_run_stops_it_in_one_line(
+    workers: int, damaged: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gone after the check at start (deleted, or a network file system lost it): the line names the chunk, also
+    when it comes from a worker (whose traceback is left out)."""
+    monkeypatch.setattr(shards_dataset, "check_files", lambda *args: None)  # as if it broke after the check
+    for chunk in (damaged / "train").glob("chunk-*.bin"):
+        chunk.write_bytes(b"")
+    error = failure(*shards_args(damaged, f"data.num_workers={workers}"), run_dir=tmp_path / "run")
+    assert isinstance(error, ShardError) and f"{damaged}/train: " in str(error) and "cannot be read" in str(error)
+    assert "Traceback" not in str(error) and "Caught" not in str(error), error

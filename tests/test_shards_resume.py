@@ -1,19 +1,25 @@
-"""dataset=shards: exact resume after a real SIGTERM, a resume with another worker count or world size, and DDP
-(each rank a disjoint share, each sample once per epoch), through real processes where the process is the point."""
+"""dataset=shards through real processes where the process is the point: exact resume after a real SIGTERM, a
+resume with another worker count or world size, DDP (each rank a disjoint share, each sample once per epoch), a
+conversion killed with SIGKILL, and a worker sweep with num_workers=tune."""
 
 from __future__ import annotations
 
 import collections
+import csv
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, compose_cfg, interrupt, read_metrics
+from helpers import ROOT, compose_cfg, interrupt, read_metrics, run_train
 from shardhelpers import shards_args, stop_after_step_5
 
+from imgtrain.data.shards.manifest import MANIFEST, PARTIAL
 from imgtrain.run import run
 
 RESUMABLE = ["trainer.epochs=2", "trainer.deterministic=true", "trainer.ckpt_every_n_steps=3"]
@@ -102,3 +108,47 @@ def test_under_ddp_each_rank_reads_a_disjoint_share_and_each_sample_once(shards:
     # Each rank's whole batches: 256 samples over 2 ranks of 32 -> 4 steps each, nothing left over.
     assert len(zero) == len(one) == 128 and set(zero) | set(one) == set(range(256))
     assert read_metrics(tmp_path / "run")["steps"] == 4 and read_metrics(tmp_path / "run")["world_size"] == 2
+
+
+@pytest.mark.slow  # a conversion slowed down and killed, then run again: about 15 s
+def test_a_conversion_killed_with_sigkill_never_looks_complete_and_resumes(source: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "out"
+    # The converter with its validation images slowed down (its forked workers inherit the patch), so the kill lands
+    # after the train split is finished and during the val split.
+    slowed = (
+        "import sys, time; from imgtrain.data.shards import convert as c; real = c.decode_problem; "
+        "c.decode_problem = lambda data, path: time.sleep(0.05) or real(data, path) if '/val/' in path else "
+        f"real(data, path); sys.exit(c.main([{str(source)!r}, {str(dst)!r}, '--workers', '1']))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", slowed], start_new_session=True, stdout=subprocess.DEVNULL)
+    partial = dst / PARTIAL
+    deadline = time.monotonic() + 120
+    while not (partial.exists() and '"train"' in partial.read_text()):  # the train split is recorded as done
+        assert proc.poll() is None and time.monotonic() < deadline, "the conversion ended before the kill"
+        time.sleep(0.05)
+    time.sleep(0.5)  # into the val split
+    os.killpg(proc.pid, signal.SIGKILL)  # no handler runs: whatever is on disk stays as it is
+    proc.wait(timeout=30)
+    assert not (dst / MANIFEST).exists() and partial.exists()
+    result = subprocess.run(
+        [sys.executable, "-m", "imgtrain.data.shards.convert", str(source), str(dst)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "resuming an unfinished conversion" in result.stdout and "keeping train as written" in result.stdout
+    manifest = json.loads((dst / MANIFEST).read_text())
+    assert (manifest["splits"]["train"]["samples"], manifest["splits"]["val"]["samples"]) == (256, 64)
+
+
+@pytest.mark.slow  # a multirun of real train.py processes with a tune probe: about 40 s
+def test_a_worker_sweep_on_shards_reports_and_tune_chooses(shards: Path, tmp_path: Path, data_dir: Path) -> None:
+    sweep = tmp_path / "sweep"
+    args = ["-m", *shards_args(shards, "data.tune_budget_s=3", "trainer.max_steps=24", "trainer.epochs=3")]
+    args += ["data.num_workers=0,tune", f"hydra.sweep.dir={sweep}"]
+    result = run_train(args, sweep / "unused", data_dir, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(sweep / "sweep_summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["status"] for row in rows] == ["ok", "ok"] and all(float(row["images_per_sec"]) > 0 for row in rows)
+    tuned = json.loads((sweep / "1" / "loader_args.json").read_text())["tune"]
+    assert tuned["chosen"] in (0, 1, 2) and len(tuned["table"]) >= 2
+    assert "Fastest here:" in result.stdout or "tied" in result.stdout

@@ -19,11 +19,22 @@ def next_batch(batches: Any, data: DataConfig) -> Any:
     """The next batch, or None at the end of the epoch; DataLoader failures become one line saying what to change."""
     try:
         return next(batches, None)
+    except RunError as error:  # one of ours from a worker (a shard that cannot be read) comes wrapped in its traceback
+        raise type(error)(worker_message(str(error))) from None
     except RuntimeError as error:
         explanation = explain_loader_failure(_with_exit_signals(str(error), batches), data)
         if explanation is None:
             raise
         raise RunError(explanation) from error
+
+
+def worker_message(message: str) -> str:
+    """The error's own message, without the traceback a DataLoader worker wraps it in ("Caught X in DataLoader
+    worker process N. Original Traceback ... module.X: message")."""
+    if not message.startswith("Caught "):
+        return message
+    last = message.strip().splitlines()[-1]
+    return last.split(": ", 1)[1] if ": " in last else last
 
 
 @contextlib.contextmanager

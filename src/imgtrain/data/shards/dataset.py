@@ -92,15 +92,33 @@ class ShardSplit(StreamingDataset):
         times = (read, decode, augment, time.perf_counter() - started) if self.timed else None
         return image, record.label, tuple(skipped), times
 
+    def __iter__(self) -> ShardSplit:
+        try:
+            return super().__iter__()
+        except Exception as error:  # LitData setting up this worker's shards
+            raise self._broken(error) from None
+
+    def __next__(self) -> Sample:
+        try:
+            return super().__next__()
+        except (StopIteration, ShardError, CorruptSampleError):
+            raise
+        except Exception as error:  # LitData opening, mapping or prefetching the next shard
+            raise self._broken(error) from None
+
+    def _broken(self, error: Exception, chunk: int | None = None) -> ShardError:
+        where = f"chunk {chunk}" if chunk is not None else "a shard"
+        return ShardError(
+            f"{self.url}: {where} cannot be read ({type(error).__name__}: {error_reason(error)}); run "
+            "`imgtrain-shards` again or restore the shard, then run the same command"
+        )
+
     def _read(self, index: ChunkedIndex) -> Record:
         try:
             item = super().__getitem__(index)
             return Record(bytes(item["image"]), int(item["label"]), f"{self.root}:{item['path']}")
         except Exception as error:  # LitData's errors, from a missing chunk to a damaged offsets table
-            raise ShardError(
-                f"{self.url}: chunk {index.chunk_index} cannot be read ({type(error).__name__}: "
-                f"{error_reason(error)}); run `imgtrain-shards` again or restore the shard, then run the same command"
-            ) from None
+            raise self._broken(error, index.chunk_index) from None
 
     def _stand_ins(self, index: ChunkedIndex) -> Iterator[Record]:
         """What replaces an unreadable training image, in turn: the previous readable one this worker read in this
