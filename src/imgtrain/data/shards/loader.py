@@ -107,10 +107,11 @@ class ShardLoader:
         """Stop the persistent workers now. LitData's loader and its iterator reference each other, so left to the
         garbage collector the iterator's queues can be finalized before its shutdown message is sent, and each
         worker then waits out its 5 s poll before exiting (10 s at the end of every run, measured)."""
-        iterator = getattr(self.loader, "_iterator", None)
+        loader = getattr(self, "loader", None)  # None when __init__ failed before making it
+        iterator = getattr(loader, "_iterator", None)
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
-        self.loader._iterator = None
+            loader._iterator = None
 
     def __del__(self) -> None:  # when the run drops its loaders, before the garbage collector breaks the cycle
         self.close()
