@@ -4,10 +4,13 @@ and DDP: test_shards_resume.py (make test-slow)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from helpers import compose_cfg, read_metrics
@@ -206,3 +209,6 @@ def test_a_shard_that_breaks_during_the_run_stops_it_in_one_line(
     error = failure(*shards_args(damaged, f"data.num_workers={workers}"), run_dir=tmp_path / "run")
     assert isinstance(error, ShardError) and f"{damaged}/train: " in str(error) and "cannot be read" in str(error)
     assert "Traceback" not in str(error) and "Caught" not in str(error), error
+    started = time.monotonic()
+    gc.collect()  # what the next job of a sweep does: the failed run's workers must already be gone
+    assert time.monotonic() - started < 2 and not psutil.Process().children(), "DataLoader workers left running"

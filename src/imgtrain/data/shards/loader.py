@@ -14,6 +14,7 @@ worker's last incomplete batch; the run says so in one line.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -41,11 +42,11 @@ class Topology:
 
 
 class StreamBatches:
-    """The batches of one pass; `_shutdown_workers` (what `failures.workers_stopped_on_error` calls) closes LitData's
-    generator, whose DataLoader iterator then stops its workers."""
+    """The batches of one pass; `_shutdown_workers` (what `failures.workers_stopped_on_error` calls on an error or a
+    stop) closes LitData's generator and stops the workers, persistent ones included (`stop`)."""
 
-    def __init__(self, batches: Any) -> None:
-        self.batches = batches
+    def __init__(self, batches: Any, stop: Callable[[], None]) -> None:
+        self.batches, self.stop = batches, stop
 
     def __iter__(self) -> StreamBatches:
         return self
@@ -55,6 +56,7 @@ class StreamBatches:
 
     def _shutdown_workers(self) -> None:
         self.batches.close()
+        self.stop()
 
 
 class ShardLoader:
@@ -83,6 +85,7 @@ class ShardLoader:
         self.loader = self._loader(plan)
         self.epoch: dict[str, int] | None = None  # the epoch in progress and the topology it started with
         self.skip = 0  # batches of this epoch already trained on (a resumed epoch)
+        _OPEN.add(self)
 
     def _loader(self, plan: LoaderPlan) -> StreamingDataLoader:
         kwargs = dict(plan.kwargs)
@@ -104,9 +107,11 @@ class ShardLoader:
             self.loader = self._loader(self.replan(workers))
 
     def close(self) -> None:
-        """Stop the persistent workers now. LitData's loader and its iterator reference each other, so left to the
-        garbage collector the iterator's queues can be finalized before its shutdown message is sent, and each
-        worker then waits out its 5 s poll before exiting (10 s at the end of every run, measured)."""
+        """Stop the persistent workers now. LitData's loader and its iterator reference each other, so when the
+        garbage collector breaks that cycle it finalizes the iterator's queues (weakref callbacks) before calling
+        its shutdown, the shutdown message is lost and each worker waits out its 5 s poll before exiting (10 s at
+        the end of a run, measured). The run closes its loaders itself (`close_all`, and on an error or stop in an
+        epoch, `StreamBatches`)."""
         loader = getattr(self, "loader", None)  # None when __init__ failed before making it
         iterator = getattr(loader, "_iterator", None)
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
@@ -121,7 +126,7 @@ class ShardLoader:
         return max(0, len(self.loader) - self.skip)
 
     def __iter__(self) -> StreamBatches:
-        return StreamBatches(iter(self.loader))
+        return StreamBatches(iter(self.loader), self.close)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, int] | None:
@@ -191,3 +196,13 @@ class ShardLoader:
             f"ranks ({again}each worker's last incomplete batch is left out), and later epochs follow the new "
             "order, so the run will not match an uninterrupted one bit for bit"
         )
+
+
+_OPEN: weakref.WeakSet[ShardLoader] = weakref.WeakSet()  # loaders whose workers may still run
+
+
+def close_all() -> None:
+    """Stop the workers of every ShardLoader still alive (the end of a run, whatever the way: an exception's
+    traceback can keep them referenced until the garbage collector takes them, too late, see `close`)."""
+    for loader in list(_OPEN):
+        loader.close()
