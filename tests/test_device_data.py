@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from imgtrain.data.feed import ResidentLoader, pad_crop_flip
-from imgtrain.data.loader import Batch, EpochSampler
+from imgtrain.data.loader import Batch
+from imgtrain.data.samplers import EpochSampler
 
 
 def test_pad_crop_flip_matches_a_per_image_reference() -> None:

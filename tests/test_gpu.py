@@ -27,7 +27,8 @@ from imgtrain.checkpoint import Checkpointer, checkpointer
 from imgtrain.data.datasets import EncodedFileDataset, decode_file, eval_transform, list_images
 from imgtrain.data.feed import CudaPrefetcher, ResidentLoader
 from imgtrain.data.gpu_decode import GpuJpegBatches, JpegBatchDecoder, decode_jpegs
-from imgtrain.data.loader import Batch, EpochSampler, GuardedSamples, collate
+from imgtrain.data.loader import Batch, GuardedSamples, collate
+from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.shapes import ensure_shapes
 from imgtrain.metrics import Metrics
 from imgtrain.run import run

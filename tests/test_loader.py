@@ -8,16 +8,8 @@ import torch
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from imgtrain.config import DataConfig
-from imgtrain.data.loader import (
-    EpochSampler,
-    ShardSampler,
-    auto_num_workers,
-    build_loader,
-    init_worker,
-    plan_loader,
-    sample_seed,
-    sample_seeds,
-)
+from imgtrain.data.loader import auto_num_workers, build_loader, init_worker, plan_loader
+from imgtrain.data.samplers import EpochSampler, ShardSampler, sample_seed, sample_seeds
 
 
 def _dataset(n: int = 64) -> TensorDataset:
@@ -214,3 +206,16 @@ def test_per_sample_seeds_are_computed_with_numpy_and_match_the_hash() -> None:
     order, seeds = sampler.order()
     assert list(sampler) == [(int(i), _splitmix_reference(4, 2, int(i))) for i in order]
     assert len(order) == len(sampler) == 20 and seeds.dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    ("setting", "process_group", "expected"),
+    [(None, False, None), (None, True, "forkserver"), ("fork", True, "fork"), ("spawn", False, "spawn")],
+)
+def test_workers_start_by_forkserver_under_a_process_group_unless_set(setting, process_group, expected) -> None:
+    """Under torchrun, gloo threads make fork unsafe (see data/loader.py): null means forkserver there, with a note;
+    an explicit setting is kept, and a single process keeps the platform's default."""
+    data = DataConfig(num_workers=2, multiprocessing_context=setting)
+    plan = plan_loader(data, train=True, device_type="cpu", world_size=2, process_group=process_group)
+    assert plan.kwargs["multiprocessing_context"] == expected
+    assert any("forkserver under a process group" in note for note in plan.notes) == (setting is None and process_group)

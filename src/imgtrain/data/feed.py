@@ -21,7 +21,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from imgtrain.data.gpu_decode import GpuJpegBatches
-from imgtrain.data.loader import Batch, EpochSampler
+from imgtrain.data.loader import Batch
+from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.stages import CopyTimer
 from imgtrain.errors import ConfigError
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import multiprocessing
 import random
 import signal
 import time
@@ -13,12 +14,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, default_collate, get_worker_info
+from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
 from imgtrain.config import AUTO, TUNE, DataConfig
 from imgtrain.data import stages
 from imgtrain.data.datasets import CorruptSampleError
 from imgtrain.data.jpeg import EncodedJpeg
+from imgtrain.data.samplers import EpochSampler, ShardSampler
 from imgtrain.host import available_cpus
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,14 @@ SUBMITIT_SIGNAL = signal.SIGUSR2
 # the main process can reach the point where it saves; then it exits even if nothing else stops it.
 # SLURM's default KillWait is 30 s: after that everything gets SIGKILL anyway.
 WORKER_GRACE_S = 30
+
+# Workers under a process group (torchrun) start by forkserver when data.multiprocessing_context is null. A gloo
+# thread enters Python whenever it drops a tensor a collective used, and CPython 3.11 then takes its thread-list
+# lock without the GIL: a worker forked at that instant waits for that lock forever (pytorch#75147; found with
+# gdb, about 1 run in 50 of tests/test_ddp.py::test_sweep_inside_torchrun on 2 loaded cores). forkserver forks
+# from a clean server that imports FORKSERVER_PRELOAD once, so a worker still starts in milliseconds.
+FORKSERVER = "forkserver"
+FORKSERVER_PRELOAD = ["torch", "imgtrain.data.pipeline"]
 
 
 def worker_signals() -> None:
@@ -65,31 +75,6 @@ def init_worker(worker_id: int, seed_workers: bool = True) -> None:
         seed = torch.initial_seed() % 2**32  # the per-worker seed the DataLoader already derived
         np.random.seed(seed)
         random.seed(seed)
-
-
-_MASK64 = (1 << 64) - 1
-
-
-def sample_seeds(seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
-    """Well-mixed 63-bit seeds (int64) for samples `indices` in one epoch: splitmix64's finaliser, vectorised.
-
-    NumPy's uint64 arithmetic wraps modulo 2**64, as the hash needs; 50,000 seeds take about a millisecond.
-    """
-    base = np.uint64((seed * 0x9E3779B97F4A7C15 + epoch * 0xD1B54A32D192ED03) & _MASK64)
-    with np.errstate(over="ignore"):
-        x = np.asarray(indices, dtype=np.uint64) + base
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return ((x ^ (x >> np.uint64(31))) >> np.uint64(1)).astype(np.int64)
-
-
-def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """`sample_seeds` for one sample, in Python integers: about 1 us instead of 13 us for a one-element array
-    (dataset=shards seeds each sample in the worker as it reads it)."""
-    x = (index + ((seed * 0x9E3779B97F4A7C15 + epoch * 0xD1B54A32D192ED03) & _MASK64)) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (x ^ (x >> 31)) >> 1
 
 
 @dataclass
@@ -122,8 +107,10 @@ def plan_loader(
     device_type: str,
     world_size: int = 1,
     local_world_size: int = 1,
+    process_group: bool = False,
 ) -> LoaderPlan:
-    """Resolve `auto` values and drop options PyTorch would reject, noting each change in one line."""
+    """Resolve `auto` values and drop options PyTorch would reject, noting each change in one line.
+    `process_group`: the run joined one (torchrun), so workers do not start by fork (see FORKSERVER)."""
     notes: list[str] = []
     workers = data.num_workers
     if workers in (AUTO, TUNE):  # tune: the probe before training replaces auto's count (its fallback)
@@ -148,6 +135,11 @@ def plan_loader(
         kwargs["prefetch_factor"] = data.prefetch_factor
         kwargs["persistent_workers"] = data.persistent_workers
         method = data.multiprocessing_context
+        if method is None and process_group and FORKSERVER in multiprocessing.get_all_start_methods():
+            method = FORKSERVER
+            notes.append(f"data.multiprocessing_context=null -> {FORKSERVER} under a process group (fork can hang)")
+        if method == FORKSERVER:
+            multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the server starts
         kwargs["multiprocessing_context"] = None if method is None else str(method)
     else:
         ignored = _worker_only_settings(data)
@@ -272,53 +264,6 @@ def seeded(seed: int, call: Callable[..., Any], *args: Any) -> Any:
             return call(*args)
     torch.random.default_generator.manual_seed(seed)
     return call(*args)
-
-
-class EpochSampler(DistributedSampler):
-    """DistributedSampler's order and sharding, resumable mid-epoch, yielding (index, augmentation seed) pairs.
-
-    PyTorch's samplers cannot start part-way through an epoch, and with workers the random augmentations
-    depend on which worker drew which batch. A seed per (seed, epoch, sample) makes augmentation independent
-    of num_workers and of restarts: a resumed run is bit-identical, and a worker sweep changes speed only.
-    """
-
-    def __init__(self, dataset_len: int, *, num_replicas: int, rank: int, shuffle: bool, seed: int, drop_last: bool):
-        super().__init__(range(dataset_len), num_replicas, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
-        self.start = 0
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Epoch `epoch`'s order (the same on every rank), skipping this rank's first `start` samples."""
-        super().set_epoch(epoch)
-        self.start = start
-
-    def order(self) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's remaining sample indices in this epoch's order, and each sample's augmentation seed."""
-        indices = np.asarray(list(super().__iter__()), dtype=np.int64)[self.start :]
-        return indices, sample_seeds(self.seed, self.epoch, indices)
-
-    def __iter__(self):
-        indices, seeds = self.order()
-        return zip(indices.tolist(), seeds.tolist(), strict=True)
-
-    def __len__(self) -> int:
-        return max(0, self.num_samples - self.start)
-
-
-class ShardSampler(Sampler[int]):
-    """Evaluation sampler: rank r takes indices r, r+W, r+2W, ... with no padding, so each sample counts once.
-
-    DistributedSampler pads the last shard with repeated samples to equalise ranks, which would bias
-    validation accuracy; evaluation does not need equal step counts, because it only all-reduces at the end.
-    """
-
-    def __init__(self, dataset_len: int, rank: int, world_size: int) -> None:
-        self.indices = range(rank, dataset_len, world_size)
-
-    def __iter__(self):
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
 
 
 def train_sampler(dataset_len: int, plan: LoaderPlan, *, seed: int, rank: int, world_size: int) -> EpochSampler:

@@ -17,7 +17,8 @@ from imgtrain import dist
 from imgtrain.config import Config, DataConfig, Decode, Mode
 from imgtrain.data.datasets import DatasetBundle
 from imgtrain.data.feed import DeviceBatches, Feed, build_resident
-from imgtrain.data.loader import EpochSampler, LoaderPlan, build_loader, plan_loader, train_sampler
+from imgtrain.data.loader import LoaderPlan, build_loader, plan_loader, train_sampler
+from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.shards.dataset import ShardSplit
 from imgtrain.data.shards.loader import ShardLoader
 from imgtrain.errors import ConfigError
@@ -85,8 +86,17 @@ def training_replan(settings: Config, info: dist.DistInfo, device: torch.device)
 
 def plan_with_workers(data: DataConfig, workers: int, device_type: str, info: dist.DistInfo) -> LoaderPlan:
     """The training loader's plan with `workers` workers in place of data.num_workers (tune's probes and choice)."""
-    common = {"device_type": device_type, "world_size": info.world_size, "local_world_size": info.local_world_size}
-    return plan_loader(dataclasses.replace(data, num_workers=workers), train=True, **common)
+    return plan_loader(dataclasses.replace(data, num_workers=workers), train=True, **_placement(device_type, info))
+
+
+def _placement(device_type: str, info: dist.DistInfo) -> dict[str, Any]:
+    """What plan_loader needs to know of where it runs."""
+    return {
+        "device_type": device_type,
+        "world_size": info.world_size,
+        "local_world_size": info.local_world_size,
+        "process_group": info.enabled,
+    }
 
 
 def use_tuned_workers(data: RunData, settings: Config, info: dist.DistInfo, device: torch.device, tuned: dict) -> None:
@@ -118,7 +128,7 @@ def plan_loaders(
     settings: Config, device: torch.device, info: dist.DistInfo, streamed: bool = False
 ) -> tuple[LoaderPlan, LoaderPlan]:
     """Both splits' effective DataLoader arguments (logged); `streamed`: dataset=shards."""
-    common = {"device_type": device.type, "world_size": info.world_size, "local_world_size": info.local_world_size}
+    common = _placement(device.type, info)
     train_plan = plan_loader(settings.data, train=True, **common)
     if streamed:
         train_plan = _agree_workers(settings, _streamed(settings, train_plan, info), info, device)
