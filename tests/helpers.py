@@ -54,8 +54,11 @@ def run_torchrun(args: list[str], cwd: Path, data_dir: Path, nproc: int = 2, tim
     return subprocess.run(cmd, cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)
 
 
-def start_torchrun(args: list[str], cwd: Path, data_dir: Path, launcher: list[str] = ()) -> subprocess.Popen:
-    """Start `torchrun --standalone --nproc_per_node=2 [launcher] train.py args`; stdout and stderr together."""
+def start_torchrun(
+    args: list[str], cwd: Path, data_dir: Path, launcher: list[str] = (), session: bool = False
+) -> subprocess.Popen:
+    """Start `torchrun --standalone --nproc_per_node=2 [launcher] train.py args`; stdout and stderr together.
+    `session`: in a process group of its own, as a terminal's foreground job (os.killpg then acts as Ctrl-C)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *launcher]
     env = {**_env(data_dir), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
@@ -65,6 +68,7 @@ def start_torchrun(args: list[str], cwd: Path, data_dir: Path, launcher: list[st
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        start_new_session=session,
     )
 
 
@@ -80,16 +84,16 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
-def interrupt(args: list[str], run_dir: Path, data_dir: Path) -> str:
-    """Start train.py, SIGTERM its whole process group once last.pt exists; return its stderr."""
+def interrupt(args: list[str], run_dir: Path, data_dir: Path, signum: int = signal.SIGTERM) -> str:
+    """Start train.py, send `signum` to its whole process group once last.pt exists; return its stderr."""
     cmd = [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"]
     # Its own session, so the signal goes to the whole process group (DataLoader worker included), as
     # SLURM and Ctrl-C deliver it.
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(data_dir), text=True, start_new_session=True, **_pipes())
     _wait_for(run_dir / "checkpoints" / "last.pt", proc)
-    os.killpg(proc.pid, signal.SIGTERM)
+    os.killpg(proc.pid, signum)
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert proc.returncode == 128 + signum, stderr
     return stderr
 
 

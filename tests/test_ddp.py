@@ -244,3 +244,32 @@ def test_sigterm_to_torchrun_then_resume_matches_an_uninterrupted_two_process_ru
     assert first["steps"] == second["steps"] == 12 and first["val_loss"] == second["val_loss"]
     a, b = (torch.load(d / "checkpoints" / "last.pt", weights_only=True)["model"] for d in (straight, run_dir))
     assert all(torch.equal(a[key], b[key]) for key in a)
+
+
+@pytest.mark.slow  # two torchrun jobs
+def test_ctrl_c_under_torchrun_stops_every_rank_at_the_same_step_and_the_same_command_resumes(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """Ctrl-C reaches the agent, both ranks and their workers; the agent forwards it to the ranks again at once,
+    which must not count as a second Ctrl-C. Both ranks save the same step; the same command continues from it."""
+    import os
+    import signal
+    import time
+
+    args = [*DDP, "trainer.epochs=3", "trainer.ckpt_every_n_steps=2", "data.num_workers=1"]
+    run_dir = tmp_path / "run"
+    proc = start_torchrun([*args, f"hydra.run.dir={run_dir}"], tmp_path, data_dir, session=True)
+    deadline = time.monotonic() + 180
+    while not (run_dir / "checkpoints" / "last.pt").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    output, _ = proc.communicate(timeout=300)
+    stops = [line for line in output.splitlines() if line.startswith("stopped: SIGINT at step")]
+    assert proc.returncode != 0 and len(stops) == 2 and stops[0] == stops[1], output[-4000:]
+    assert "KeyboardInterrupt" not in output and "second Ctrl-C" not in output
+    stopped = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["progress"]["step"]
+    assert f"at step {stopped}:" in stops[0] and not (run_dir / "metrics.json").exists()
+    resumed = run_torchrun([*args, f"hydra.run.dir={run_dir}"], tmp_path, data_dir)
+    assert resumed.returncode == 0 and f": step {stopped}," in resumed.stdout + resumed.stderr, resumed.stderr[-4000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 12

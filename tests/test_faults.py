@@ -15,7 +15,7 @@ from imgtrain.config import DataConfig, NonFinite
 from imgtrain.data.failures import explain_loader_failure, next_batch
 from imgtrain.data.loader import GuardedSamples, build_loader, collate, plan_loader
 from imgtrain.errors import RunError
-from imgtrain.faults import Faults, Preempted, StopSignals
+from imgtrain.faults import SECOND_CTRL_C_AFTER_S, Faults, Preempted, StopSignals
 
 
 class _Faulty(Dataset):
@@ -123,6 +123,28 @@ def test_stop_signals_are_recorded_then_restored() -> None:
         time.sleep(0.1)
         assert signals.received == signal.SIGUSR1  # the first one wins
     assert signal.getsignal(signal.SIGUSR1) == before
+
+
+def test_a_second_ctrl_c_exits_at_once_naming_the_last_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first Ctrl-C asks for a save; the second leaves now (os._exit: no traceback, no cleanup that could
+    hang), with one line naming what is on disk."""
+    lines: list[bytes] = []
+    monkeypatch.setattr(os, "write", lambda fd, data: lines.append(data) or len(data))
+    monkeypatch.setattr(os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    signals = StopSignals()
+    signals.last_checkpoint = lambda: "The last good checkpoint is run/checkpoints/last.pt (step 6)."
+    signals._record(signal.SIGINT, None)
+    assert signals.received == signal.SIGINT and b"Ctrl-C again to exit at once" in lines[-1]
+    signals._record(signal.SIGTERM, None)  # another stop signal meanwhile changes nothing
+    signals._record(signal.SIGINT, None)  # the same Ctrl-C again at once (torchrun's agent forwards it): no exit
+    signals._first_at -= SECOND_CTRL_C_AFTER_S  # a second press, later
+    with pytest.raises(SystemExit) as exited:
+        signals._record(signal.SIGINT, None)
+    assert exited.value.code == 130
+    assert lines[-1].decode() == (
+        "[imgtrain] second Ctrl-C: exiting now, without saving. The last good checkpoint is "
+        "run/checkpoints/last.pt (step 6).\n"
+    )
 
 
 def test_hand_over_runs_a_schedulers_own_handler() -> None:

@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
-from helpers import FAST, RESUMABLE, compose_cfg, interrupt, read_metrics, run_train
+from helpers import FAST, RESUMABLE, ROOT, _env, _wait_for, compose_cfg, interrupt, read_metrics, run_train
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -85,6 +86,46 @@ def test_sigterm_saves_and_the_resumed_run_matches_an_uninterrupted_one(
     logged = [step for step, _ in _steps(run_dir, "train/loss")]
     assert logged == [step for step, _ in _steps(straight, "train/loss")] == list(range(2, 17, 2))
     assert _steps(run_dir, "val/acc") == _steps(straight, "val/acc")
+
+
+@pytest.mark.slow  # a real process group and a real SIGINT, then a resumed run
+def test_ctrl_c_saves_one_line_exit_130_and_the_same_command_resumes_exactly(
+    straight: Path, tmp_path: Path, data_dir: Path
+) -> None:
+    """Ctrl-C reaches the training process and its DataLoader worker (the terminal signals the process group):
+    the step where it stops is saved, the workers print nothing, and the resumed run is the uninterrupted one."""
+    run_dir = tmp_path / "interrupted"
+    stderr = interrupt(RESUMABLE, run_dir, data_dir, signal.SIGINT)
+    assert "stopped: SIGINT at step" in stderr and "Ctrl-C again to exit at once" in stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    stopped = _ckpt(run_dir / "checkpoints" / "last.pt")["progress"]
+    assert 3 <= stopped["step"] < 16 and not (run_dir / "metrics.json").exists()
+    assert _train(run_dir, *RESUMABLE)["steps"] == 16
+    _same_weights(straight, run_dir)
+
+
+@pytest.mark.slow  # a real worker killed with SIGKILL, as the OOM killer does, then a resumed run
+def test_a_worker_killed_by_sigkill_ends_in_one_line_saved_and_the_same_command_resumes_exactly(
+    straight: Path, tmp_path: Path, data_dir: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "train.py"), *RESUMABLE, f"hydra.run.dir={run_dir}"]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(data_dir), text=True, start_new_session=True, **pipes)
+    _wait_for(run_dir / "checkpoints" / "last.pt", proc)  # step 3 of the first epoch: one (training) worker
+    workers = [c for c in psutil.Process(proc.pid).children() if "train.py" in " ".join(c.cmdline())]
+    started = time.monotonic()
+    workers[0].kill()
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and time.monotonic() - started < 20, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert lines[0].startswith(f"error: DataLoader worker (pid(s) {workers[0].pid}) exited unexpectedly")
+    assert "killed by signal: Killed" in lines[0] and "Memory peaks" in lines[0] and "/dev/shm" in lines[0]
+    saved = _ckpt(run_dir / "checkpoints" / "last.pt")["progress"]["step"]
+    assert f"(step {saved}). Run the same command again" in lines[0] and 3 <= saved < 16
+    assert _train(run_dir, *RESUMABLE)["steps"] == 16
+    _same_weights(straight, run_dir)
 
 
 @pytest.mark.slow  # three runs; the SIGTERM test above covers resume on the DataLoader path

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from helpers import FAST, compose_cfg, run_train
+from helpers import FAST, ROOT, _env, _wait_for, compose_cfg, run_train
 from PIL import Image
 
 from imgtrain.metrics import report
@@ -71,6 +75,23 @@ def test_a_failed_job_is_a_row(tmp_path: Path, data_dir: Path) -> None:
     assert [row["status"] for row in rows] == ["ok", "failed"]
     assert "data.batch_size=100000" in rows[1]["reason"] and "larger than the training split" in rows[1]["reason"]
     assert not (sweep / "1" / "metrics.json").exists()
+
+
+@pytest.mark.slow  # a real process group and a real Ctrl-C during the second job of a sweep
+def test_ctrl_c_in_a_sweep_saves_the_job_ends_the_sweep_and_reports_the_finished_ones(tmp_path: Path, data_dir: Path):
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, str(ROOT / "train.py"), "-m", *SWEEP, "trainer.epochs=1,40,1", f"hydra.sweep.dir={sweep}"]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(data_dir), text=True, start_new_session=True, **pipes)
+    _wait_for(sweep / "1" / "checkpoints" / "last.pt", proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "stopped: SIGINT at step" in stderr and "Traceback" not in stderr
+    rows = _csv_rows(sweep)
+    assert [(row["job"], row["status"]) for row in rows] == [("0", "ok"), ("1", "stopped")]  # job 2 never started
+    assert rows[1]["reason"].startswith("stopped: SIGINT at step")
+    assert (sweep / "sweep_summary.md").exists() and not (sweep / "2").exists()
 
 
 @pytest.mark.parametrize("mode", ["loader", "compute"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 
@@ -84,6 +85,11 @@ class _Escalated(BaseException):
         self.error = error
 
 
+_OUTSIDE_TRAINING = (
+    "Ctrl-C outside the training loop (while starting up or finishing): nothing new was saved. Run the same "
+    "command again to start, or to resume from the last checkpoint"
+)
+
 _guarded = False  # run_guarded is in charge of printing errors (the user did not ask for HYDRA_FULL_ERROR)
 
 
@@ -102,7 +108,8 @@ def run_guarded(main: Callable[[], object]) -> int:
     """Run a `@hydra.main` function; errors the user can act on print one line to stderr.
 
     Exit status: 2 for bad input (config, paths), 1 for a failure during training (bad data, NaN loss, a
-    DataLoader crash), 128 + N after stop signal N (checkpoint saved; schedulers treat it as requeue-able).
+    DataLoader crash), 128 + N after stop signal N (checkpoint saved; schedulers treat it as requeue-able; Ctrl-C
+    is SIGINT: 130).
     HYDRA_FULL_ERROR=1 (set by the user) keeps Hydra's full traceback, as Hydra documents.
     """
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -111,6 +118,9 @@ def run_guarded(main: Callable[[], object]) -> int:
         except Preempted as stop:
             print(f"stopped: {stop}", file=sys.stderr, flush=True)
             return stop.exit_code
+        except KeyboardInterrupt:
+            print(f"stopped: {_OUTSIDE_TRAINING}", file=sys.stderr, flush=True)
+            return 128 + signal.SIGINT
         except Refused as refused:
             print(f"error: {refused.error}", file=sys.stderr, flush=True)
             return 2 if isinstance(refused.error, ConfigError) else 1
@@ -124,6 +134,9 @@ def run_guarded(main: Callable[[], object]) -> int:
     except Preempted as stop:
         print(f"stopped: {stop}", file=sys.stderr, flush=True)
         return stop.exit_code
+    except KeyboardInterrupt:  # Ctrl-C before or after the training loop, where the stop handler is not installed
+        print(f"stopped: {_OUTSIDE_TRAINING}", file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
     except Refused as refused:  # the run directory's lock, taken before the job starts (rundir.LockRunDir)
         print(f"error: {refused.error}", file=sys.stderr, flush=True)
         return 2 if isinstance(refused.error, ConfigError) else 1

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,10 @@ from imgtrain.data.loader import STOP_SIGNALS, SUBMITIT_SIGNAL
 from imgtrain.errors import RunError
 
 log = logging.getLogger(__name__)
+
+# A SIGINT this long after the first is a second Ctrl-C. Sooner it is the same one again: torchrun's agent
+# forwards the terminal's SIGINT to every rank, which the terminal has already signalled, within milliseconds.
+SECOND_CTRL_C_AFTER_S = 1.0
 
 
 class Preempted(BaseException):  # noqa: N818 - like KeyboardInterrupt: it ends a sweep too, not just one job
@@ -42,7 +47,10 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received = 0  # the first signal's number; 0 = none
+        self._first_at = 0.0  # when it arrived (time.monotonic)
         self._previous: dict[int, Any] = {}
+        # What a second Ctrl-C's line names: the checkpointer's `last_checkpoint` once there is one (it only stats).
+        self.last_checkpoint: Callable[[], str] = lambda: "No checkpoint had been written yet."
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is not threading.main_thread():
@@ -60,17 +68,22 @@ class StopSignals:
         self._previous.clear()
 
     def _record(self, signum: int, frame: Any) -> None:
+        # os.write, not logging: a signal handler must not take the logging locks the main thread may hold.
+        if self.received and signum == signal.SIGINT and time.monotonic() - self._first_at > SECOND_CTRL_C_AFTER_S:
+            # a second Ctrl-C: the user wants out now, unsaved
+            os.write(2, f"[imgtrain] second Ctrl-C: exiting now, without saving. {self.last_checkpoint()}\n".encode())
+            os._exit(128 + signum)
         if not self.received:
-            self.received = signum
-            # os.write, not logging: a signal handler must not take the logging locks the main thread may hold.
+            self.received, self._first_at = signum, time.monotonic()
             name = signal.Signals(signum).name
-            os.write(2, f"[imgtrain] {name} received: saving a checkpoint before stopping\n".encode())
+            again = " (Ctrl-C again to exit at once, without saving)" if signum == signal.SIGINT else ""
+            os.write(2, f"[imgtrain] {name} received: saving a checkpoint before stopping{again}\n".encode())
 
     def hand_over(self, signum: int) -> None:
         """After the checkpoint: run the handler that was there before (submitit requeues the job and exits)."""
         previous = self._previous.get(signum)
         self.__exit__()
-        if callable(previous):
+        if callable(previous) and previous is not signal.default_int_handler:  # that one raises KeyboardInterrupt
             previous(signum, None)
 
 

@@ -19,7 +19,12 @@ from torch import nn
 from imgtrain import dist
 from imgtrain.checkpoint import Checkpointer, Progress
 from imgtrain.config import DataConfig, Mode
-from imgtrain.data.failures import next_batch, workers_stopped_on_error
+from imgtrain.data.failures import (
+    LoaderFailed,
+    next_batch,
+    worker_deaths_found_at_next_batch,
+    workers_stopped_on_error,
+)
 from imgtrain.data.feed import Feed
 from imgtrain.data.pipeline import RunData
 from imgtrain.data.stages import transfer_seconds
@@ -94,6 +99,7 @@ class EpochBatches:
 
     def __enter__(self) -> EpochBatches:
         loader_batches = self._stack.enter_context(workers_stopped_on_error(iter(self.loader)))
+        self._stack.enter_context(worker_deaths_found_at_next_batch())
         self.batches = self._stack.enter_context(self.feed.batches(loader_batches, self.split))
         return self
 
@@ -133,6 +139,20 @@ class Components:
     checkpointer: Checkpointer
     progress: Progress
     profiler: Profiler
+
+
+@contextlib.contextmanager
+def saved_on_loader_failure(parts: Components) -> Iterator[None]:
+    """A DataLoader failure comes between steps, so one process saves the last completed step before the one line
+    ends the run. Under DDP the other ranks may already wait in a collective for this one: the last periodic
+    checkpoint stands, and torchrun stops them."""
+    try:
+        yield
+    except LoaderFailed as failure:
+        checkpointer = parts.checkpointer
+        where = checkpointer.save_and_wait() if parts.faults.alone else checkpointer.settled_checkpoint()
+        again = "Run the same command again to continue from it."
+        raise LoaderFailed(f"{failure}. {parts.metrics.memory_peaks()} {where} {again}") from None
 
 
 @torch.no_grad()
@@ -177,7 +197,7 @@ def fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mo
             on_batch=parts.metrics.add_batch,
             mark=parts.profiler.range,
         )
-        with batches:
+        with batches, saved_on_loader_failure(parts):  # e.g. a worker the OOM killer ended: one line, saved
             train_one_epoch(
                 model, batches, step, parts.faults, parts.metrics, parts.checkpointer, progress, parts.profiler
             )

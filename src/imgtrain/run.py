@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import json
@@ -26,7 +27,7 @@ from imgtrain.cli import one_line
 from imgtrain.config import TUNE, Config, Mode, validate
 from imgtrain.data.pipeline import RunData, build_data, save_loader_args, use_tuned_workers
 from imgtrain.data.shards import loader as shard_loaders
-from imgtrain.faults import Faults
+from imgtrain.faults import Faults, Preempted
 from imgtrain.host import write_json
 from imgtrain.loop import Components, fit
 from imgtrain.metrics import Metrics
@@ -35,6 +36,7 @@ from imgtrain.model import memory_format_for, prepare_model, resolve_precision
 from imgtrain.optim import build_step
 from imgtrain.preflight import preflight
 from imgtrain.profiling import Profiler
+from imgtrain.sweep_report import STOPPED, build_report
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,9 @@ def run(cfg: DictConfig) -> float:
     try:
         settings = validate(cfg)  # every value is checked before any data is touched
         summary = _run(settings)
+    except Preempted as stop:
+        _end_sweep(stop)
+        raise
     except Exception as error:
         message = one_line(error) if isinstance(error, HydraException) else f"{type(error).__name__}: {error}"
         if dist.global_rank() == 0 and HydraConfig.initialized():
@@ -59,6 +64,16 @@ def run(cfg: DictConfig) -> float:
         return float("nan")
     value = summary.get(str(settings.optimized_metric))
     return float("nan") if value is None else float(value)
+
+
+def _end_sweep(stop: Preempted) -> None:
+    """In a multirun a stop signal ends the sweep: the stopped job says so (`stopped.json`, beside its checkpoint)
+    and the jobs that finished get their report now, as Hydra's on_multirun_end would have written it."""
+    if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN) or dist.global_rank() != 0:
+        return
+    write_json(Path(HydraConfig.get().runtime.output_dir) / STOPPED, {"error": f"stopped: {stop}"})
+    log.warning("the sweep ends here: the report covers the jobs before this one")
+    build_report(Path(HydraConfig.get().sweep.dir))
 
 
 def _run(settings: Config) -> dict:
@@ -126,6 +141,7 @@ def _train_locked(
     progress = Progress(replicas=data.replicas)
     faults = Faults(trainer.nonfinite, settings.data.max_bad_samples, progress, device, alone=not info.enabled)
     checkpointer = Checkpointer(settings, out_dir, info, faults)
+    faults.signals.last_checkpoint = checkpointer.last_checkpoint  # what a second Ctrl-C names as it exits
     checkpointer.attach(base, step, total_steps, order=data.order)
     checkpointer.resume()
     finished = out_dir / "metrics.json"
@@ -147,7 +163,8 @@ def _train_locked(
     profiler = Profiler(trainer, device, info, out_dir, steps_left=total_steps - progress.step)
     parts = Components(faults, metrics, checkpointer, progress, profiler)
     lr = lambda: step.scheduler.get_last_lr()[0]  # noqa: E731
-    with faults, checkpointer.writing(), metrics.running(progress.step, total_steps, lr=lr), profiler:
+    running = metrics.running(progress.step, total_steps, lr=lr)
+    with contextlib.closing(data), faults, checkpointer.writing(), running, profiler:  # closing: workers stop now
         fit(model, data, step, parts, settings.mode, epochs)
     own_rate = _own_rate(settings, data, metrics, device, model_rate)
     wall_time_s = time.perf_counter() - started

@@ -1,6 +1,7 @@
 """The sweep report: a Hydra Callback that ends a multirun with a table, a plot and the fastest setting.
 
-It reads what each job left in its directory (`.hydra/overrides.yaml`, `metrics.json` or `failed.json`), so it
+It reads what each job left in its directory (`.hydra/overrides.yaml`, `metrics.json`, `failed.json` or
+`stopped.json`), so it
 works the same with the basic launcher and with submitit, and a failed job becomes a row, not a lost sweep.
 """
 
@@ -78,10 +79,13 @@ def _optional(metrics: dict[str, Any]) -> dict[str, Any]:
     return {**values, "pipeline": pipeline, "tune": tune, "environment": _dict(metrics.get("environment"))}
 
 
+STOPPED = "stopped.json"  # a job a stop signal ended (its checkpoint saved): it ends the sweep too
+
+
 def read_job(job_dir: Path) -> dict[str, Any]:
     """One row: the job's overrides, its status, and its figures (empty when it failed)."""
     row: dict[str, Any] = {"job": job_dir.name, "overrides": _overrides(job_dir)}
-    metrics_path, failed_path = job_dir / "metrics.json", job_dir / "failed.json"
+    metrics_path, failed_path, stopped_path = job_dir / "metrics.json", job_dir / "failed.json", job_dir / STOPPED
     if metrics_path.exists():
         metrics = json.loads(metrics_path.read_text())
         row["status"], row["reason"] = "ok", metrics.get("images_per_sec_note") or ""  # why a figure is missing
@@ -91,10 +95,11 @@ def read_job(job_dir: Path) -> dict[str, Any]:
         row["mode"] = metrics.get("mode", "train")
         row.update(_optional(metrics))
     else:
-        reason = "no metrics.json: the job was killed or crashed before it finished"
-        if failed_path.exists():
-            reason = json.loads(failed_path.read_text()).get("error", reason)
-        row["status"], row["reason"], row["verdict"], row["mode"] = "failed", reason, "", ""
+        reason, status = "no metrics.json: the job was killed or crashed before it finished", "failed"
+        for path, meaning in ((failed_path, "failed"), (stopped_path, "stopped")):
+            if path.exists():
+                reason, status = json.loads(path.read_text()).get("error", reason), meaning
+        row["status"], row["reason"], row["verdict"], row["mode"] = status, reason, "", ""
         row.update({key: None for key in METRIC_COLUMNS})
         row.update(_optional({}))
     return row

@@ -6,6 +6,7 @@ import contextlib
 import re
 import shutil
 import signal
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,11 @@ import psutil
 
 from imgtrain.config import DataConfig
 from imgtrain.errors import RunError
+
+
+class LoaderFailed(RunError):
+    """A DataLoader failure explained in one line (a dead worker, full shared memory, a timeout). It happens
+    between steps, so the weights are those of the last completed step: the loop can save them before it stops."""
 
 
 def next_batch(batches: Any, data: DataConfig) -> Any:
@@ -25,7 +31,7 @@ def next_batch(batches: Any, data: DataConfig) -> Any:
         explanation = explain_loader_failure(_with_exit_signals(str(error), batches), data)
         if explanation is None:
             raise
-        raise RunError(explanation) from error
+        raise LoaderFailed(explanation) from error
 
 
 def worker_message(message: str) -> str:
@@ -51,6 +57,22 @@ def workers_stopped_on_error(batches: Any) -> Iterator[Any]:
         if callable(shutdown):
             shutdown()
         raise
+
+
+@contextlib.contextmanager
+def worker_deaths_found_at_next_batch() -> Iterator[None]:
+    """During an epoch, a dead worker is found by the next batch request (PyTorch checks its workers every 5 s
+    while it waits: "exited unexpectedly") rather than by PyTorch's SIGCHLD handler, which raises wherever the
+    main thread is: in backward() or half-way through an optimizer step, with a traceback and weights that
+    cannot be saved. (Workers started by forkserver are not our children: their SIGCHLD never comes here.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
 
 
 def _with_exit_signals(message: str, batches: Any) -> str:
@@ -94,7 +116,8 @@ def explain_loader_failure(message: str, data: DataConfig) -> str | None:
     if "signal: Killed" in first:
         available = psutil.virtual_memory().available / 1e9
         return (
-            f"{first}: most likely the out-of-memory killer (host memory now {available:.1f} GB available). "
+            f"{first}: most likely the out-of-memory killer (host memory now {available:.1f} GB available, "
+            f"/dev/shm {_free_gb('/dev/shm')}). "
             f"{fewer}, or set data.persistent_workers=false; `dmesg` shows OOM kills"
         )
     if "received 0 items of ancdata" in first or "Too many open files" in first:

@@ -31,8 +31,9 @@ MAX_AUTO_WORKERS = 16
 
 
 # Signals that ask for a checkpoint and a clean exit: SIGTERM (SLURM preemption and scancel, torchrun's
-# agent, `kill`), SIGUSR1 (sbatch --signal=USR1@120), and submitit's own requeue signal when it set one up.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# agent, `kill`), SIGUSR1 (sbatch --signal=USR1@120), SIGINT (Ctrl-C: the terminal sends it to the whole
+# foreground process group, workers included), and submitit's own requeue signal when it set one up.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 SUBMITIT_SIGNAL = signal.SIGUSR2
 # A DataLoader worker that gets SIGTERM (SLURM signals every process of the job) lives this much longer, so
 # the main process can reach the point where it saves; then it exits even if nothing else stops it.
@@ -45,14 +46,15 @@ WORKER_GRACE_S = 30
 # gdb, about 1 run in 50 of tests/test_ddp.py::test_sweep_inside_torchrun on 2 loaded cores). forkserver forks
 # from a clean server that imports FORKSERVER_PRELOAD once, so a worker still starts in milliseconds.
 FORKSERVER = "forkserver"
-FORKSERVER_PRELOAD = ["torch", "imgtrain.data.pipeline"]
+FORKSERVER_PRELOAD = ["__main__", "torch", "imgtrain.data.pipeline"]
 
 
 def worker_signals() -> None:
     """In a DataLoader worker: survive the job-wide stop signal long enough for the main process to save."""
     for signum in (signal.SIGUSR1, SUBMITIT_SIGNAL):
         signal.signal(signum, signal.SIG_IGN)  # their default action would kill the worker mid-epoch
-    signal.signal(signal.SIGTERM, _worker_sigterm)
+    for signum in (signal.SIGTERM, signal.SIGINT):  # Ctrl-C too: no KeyboardInterrupt traceback from a worker
+        signal.signal(signum, _worker_sigterm)
 
 
 def _worker_sigterm(signum: int, frame: Any) -> None:

@@ -84,6 +84,13 @@ class Metrics:
         self.sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss x images, correct, images
         self.wait = 0.0  # seconds waited for the next batch since the last step
 
+    def memory_peaks(self) -> str:
+        """This run's memory peaks so far (this process and its workers), for a message about memory."""
+        peaks = self.monitor.summary()
+        named = (("RSS", peaks["rss_peak_gb"]), ("PSS", peaks["pss_peak_gb"]))
+        shown = [f"{name} {gb:.2f} GB" for name, gb in named if gb is not None]
+        return f"Memory peaks of this process and its workers: {', '.join(shown)}." if shown else ""
+
     @contextlib.contextmanager
     def running(self, start_step: int, total_steps: int, lr: Callable[[], float]) -> Iterator[Metrics]:
         """Sample resources and write TensorBoard while training; `lr` reads the current learning rate."""
