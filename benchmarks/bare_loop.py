@@ -3,6 +3,9 @@
 Same dataset files and transforms, model, optimiser, batch size, DataLoader settings, precision and thread
 count as `python train.py` with its defaults; no logging, no monitor thread, no metrics, no checkpoints.
 Prints one JSON line: {"images_per_sec": ..., "steps": ..., "seconds": ...}.
+
+Its update step is written out here on purpose, not taken from `optim.Step` (which the training loop and the
+tune probe share): the reference must not move when the template's code does.
 """
 
 from __future__ import annotations

@@ -52,17 +52,9 @@ def train_one_epoch(
     label the trace of trainer.profile=true; otherwise they do nothing."""
     model.train()
     for images, labels in batches:
-        with step.autocast(), profiler.range("forward"):
-            logits = model(images)
-            loss = F.cross_entropy(logits, labels, label_smoothing=step.label_smoothing)
+        logits, loss = step.forward(model, images, labels, mark=profiler.range)  # autocast, cross-entropy
         if faults.allows_update(loss, progress.step + 1):  # False only with nonfinite=skip and a NaN/inf loss
-            step.optimizer.zero_grad(set_to_none=True)
-            with profiler.range("backward"):
-                step.scaler.scale(loss).backward()
-            with profiler.range("optimizer"):
-                step.scaler.step(step.optimizer)
-                step.scaler.update()
-                step.scheduler.step()
+            step.update(loss, mark=profiler.range)  # backward, optimizer (via the fp16 scaler), LR schedule
         progress.advance(labels.shape[0])
         metrics.step(progress.step, loss, logits, labels)  # a logging step: one sync, one exchange across ranks
         checkpointer.step(progress)  # a stop signal, NaN or bad-data budget agreed there; periodic last.pt

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from hydra.utils import instantiate
 from torch import nn
 
 from imgtrain.config import Config, Precision
+
+Mark = Callable[[str], contextlib.AbstractContextManager]  # labels a phase in a profiler trace (Profiler.range)
+
+
+def _unmarked(name: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
 
 DTYPES = {Precision.fp32: torch.float32, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
 
@@ -28,6 +37,28 @@ class Step:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+
+    def forward(
+        self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mark: Mark = _unmarked
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward pass and the loss in the run's precision: (logits, loss). The training loop and the
+        tune probe (`tune.compute_rate`) both step through here and `update`, so the probe times the same step."""
+        with self.autocast(), mark("forward"):
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
+        return logits, loss
+
+    def update(self, loss: torch.Tensor, mark: Mark = _unmarked, schedule: bool = True) -> None:
+        """Backward, then one optimizer step (through the loss scaler: a no-op unless fp16) and, with `schedule`,
+        one LR-schedule step (the probe's copy has no schedule to follow)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        with mark("backward"):
+            self.scaler.scale(loss).backward()
+        with mark("optimizer"):
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            if schedule:
+                self.scheduler.step()
 
     def state_dict(self) -> dict[str, Any]:
         """Optimizer, LR schedule and loss-scaler state, for checkpoints."""

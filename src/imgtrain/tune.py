@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from imgtrain import dist
@@ -54,13 +53,9 @@ def compute_rate(
     images = torch.randn(size, 3, side, side, device=device).contiguous(memory_format=memory_format)
     labels = torch.randint(0, num_classes, (size,), device=device)
 
-    def one_step() -> None:
-        with step.autocast():
-            loss = F.cross_entropy(model(images), labels)
-        step.optimizer.zero_grad(set_to_none=True)
-        step.scaler.scale(loss).backward()
-        step.scaler.step(step.optimizer)
-        step.scaler.update()
+    def one_step() -> None:  # the training loop's own step (optim.Step), on a batch already on the device
+        _, loss = step.forward(model, images, labels)
+        step.update(loss, schedule=False)
 
     for _ in range(WARMUP_STEPS):  # allocations, cuDNN autotuning, oneDNN primitives
         one_step()
