@@ -26,7 +26,8 @@ from imgtrain.host import available_cpus
 log = logging.getLogger(__name__)
 
 # `auto` never starts more workers than this per process: past ~16, start-up time and memory grow faster
-# than throughput for the per-sample pipelines this template targets (see docs/loader-tuning-notes).
+# than throughput for the per-sample pipelines this template targets ("0.7-0.8 x logical cores, at most 16"
+# is one of the common rules of thumb; `num_workers=tune` measures instead).
 MAX_AUTO_WORKERS = 16
 
 

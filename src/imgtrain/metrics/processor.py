@@ -21,9 +21,16 @@ from imgtrain import dist
 from imgtrain.config import Config, Mode
 from imgtrain.faults import Faults
 from imgtrain.host import available_cpus, write_json
-from imgtrain.metrics import report
 from imgtrain.metrics.monitor import ResourceMonitor
 from imgtrain.metrics.pipeline import PipelineMeter
+from imgtrain.metrics.report import (
+    bounding_stage,
+    print_table,
+    progress_bar,
+    update_progress,
+    verdict,
+    why_not_measured,
+)
 from imgtrain.metrics.tensorboard import MetricsLogger, hparam_metrics, hparams
 from imgtrain.metrics.windows import StepMeter
 
@@ -107,7 +114,7 @@ class Metrics:
 
     # ------------------------------------------------------------------ during an epoch
     def begin_epoch(self, epoch: int, steps: int) -> None:
-        self.bar = report.progress_bar(steps, epoch, self.settings.trainer.progress_bar)
+        self.bar = progress_bar(steps, epoch, self.settings.trainer.progress_bar)
         self.sums.zero_()
         self.wait = 0.0
         self.pipeline.discard_copies()
@@ -172,7 +179,7 @@ class Metrics:
         if self.info.world_size > 1:
             values.update({f"gpu/util_pct/rank{r}": u for r, u in enumerate(merged["gpu_util_per_rank"]) if u})
         self.tb.log(values, step)
-        report.update_progress(self.bar, values, step)
+        update_progress(self.bar, values, step)
         self.sums.zero_()
         self.meter.start_window()
 
@@ -218,7 +225,7 @@ class Metrics:
             "status": "ok",
             "mode": settings.mode,
             "images_per_sec": merged["images_per_sec"] if measured else None,
-            "images_per_sec_note": None if measured else report.why_not_measured(*unmeasured),
+            "images_per_sec_note": None if measured else why_not_measured(*unmeasured),
             "images_per_sec_per_process": perf["images_per_sec"],
             "images_per_sec_median": perf.get("images_per_sec_median"),
             "images_per_sec_windows": perf["windows"],
@@ -269,10 +276,10 @@ class Metrics:
 
     def finish(self, summary: dict[str, Any], path: Path) -> None:
         """Add the verdict; rank 0 writes metrics.json, the TensorBoard hparams and the console table."""
-        summary["verdict"] = report.verdict(summary)
-        summary["pipeline"]["input_stage"] = report.bounding_stage(summary)
+        summary["verdict"] = verdict(summary)
+        summary["pipeline"]["input_stage"] = bounding_stage(summary)
         if self.info.is_main:
             write_json(path, summary)
             self.tb.log_hparams(hparams(summary), hparam_metrics(summary))
-            report.print_table(summary)
+            print_table(summary)
         self.tb.close()

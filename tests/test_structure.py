@@ -1,0 +1,48 @@
+"""Imports flow one way (config -> dist -> data/model -> metrics/checkpoint -> loop -> run): no cycle between
+imgtrain's modules, counting `from imgtrain.pkg import x` as an import of the package (its __init__) too."""
+
+from __future__ import annotations
+
+import ast
+
+from helpers import ROOT
+
+SRC = ROOT / "src"
+
+
+def _modules() -> dict[str, ast.Module]:
+    found = {}
+    for path in SRC.rglob("*.py"):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = ast.parse(path.read_text())
+    return found
+
+
+def _imports(name: str, tree: ast.Module, known: set[str]) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)  # the package itself: its __init__ runs
+            out |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {target for target in out if target in known and target != name}
+
+
+def test_no_import_cycle_between_imgtrain_modules() -> None:
+    modules = _modules()
+    graph = {name: _imports(name, tree, set(modules)) for name, tree in modules.items()}
+    state: dict[str, str] = {}  # "open" while on the path, "done" after
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            assert state.get(nxt) != "open", "import cycle: " + " -> ".join([*path[path.index(nxt) :], nxt])
+            if nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
