@@ -44,7 +44,7 @@ WORKER_GRACE_S = 30
 # Workers under a process group (torchrun) start by forkserver when data.multiprocessing_context is null. A gloo
 # thread enters Python whenever it drops a tensor a collective used, and CPython 3.11 then takes its thread-list
 # lock without the GIL: a worker forked at that instant waits for that lock forever (pytorch#75147; found with
-# gdb, about 1 run in 50 of tests/test_ddp.py::test_sweep_inside_torchrun on 2 loaded cores). forkserver forks
+# gdb, 3 hangs in ~115 runs of tests/test_ddp.py::test_sweep_inside_torchrun on 2 loaded cores). forkserver forks
 # from a clean server that imports FORKSERVER_PRELOAD once, so a worker still starts in milliseconds.
 FORKSERVER = "forkserver"
 FORKSERVER_PRELOAD = ["__main__", "torch", "imgtrain.data.pipeline"]
