@@ -19,6 +19,7 @@ from torch import nn
 
 from imgtrain import dist
 from imgtrain.config import Config, Precision
+from imgtrain.data.failures import stop_workers
 from imgtrain.data.feed import Feed
 from imgtrain.data.loader import LoaderPlan
 from imgtrain.data.pipeline import make_loader, plan_with_workers
@@ -90,9 +91,7 @@ def loader_rate(dataset: Any, plan: LoaderPlan, feed: Feed, seconds: float, info
                     break
             _sync(feed.device)
     finally:
-        shutdown = getattr(batches, "_shutdown_workers", None)
-        if callable(shutdown):  # persistent workers too: the probe's workers must not outlive it
-            shutdown()
+        stop_workers(batches)  # persistent workers too: the probe's workers must not outlive it
     late = [(t, n) for t, n in arrivals if t >= seconds / 2]
     if len(late) >= 2:  # the images that arrived after the first late batch, over the time they took
         return sum(n for _, n in late[1:]) / max(late[-1][0] - late[0][0], 1e-9)

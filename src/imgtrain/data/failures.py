@@ -48,15 +48,21 @@ def workers_stopped_on_error(batches: Any) -> Iterator[Any]:
     """Yield a DataLoader iterator; if the loop ends early (error or stop signal), stop its workers politely now.
 
     Otherwise they would be stopped at interpreter exit with SIGTERM, which workers deliberately outlive for
-    WORKER_GRACE_S (see worker_signals). Uses PyTorch's own (private, long-stable) shutdown method.
+    WORKER_GRACE_S (see worker_signals).
     """
     try:
         yield batches
     except BaseException:
-        shutdown = getattr(batches, "_shutdown_workers", None)
-        if callable(shutdown):
-            shutdown()
+        stop_workers(batches)
         raise
+
+
+def stop_workers(iterator: Any) -> None:
+    """Stop a DataLoader iterator's workers now, politely, with PyTorch's own (private, long-stable) shutdown
+    method; persistent workers too. Anything without workers (None, a plain iterator) is left alone."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()
 
 
 @contextlib.contextmanager

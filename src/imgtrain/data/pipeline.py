@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from imgtrain import dist
 from imgtrain.config import Config, DataConfig, Decode, Mode
 from imgtrain.data.datasets import DatasetBundle
+from imgtrain.data.failures import stop_workers
 from imgtrain.data.feed import DeviceBatches, Feed, build_resident
 from imgtrain.data.loader import LoaderPlan, build_loader, plan_loader, train_sampler
 from imgtrain.data.samplers import EpochSampler
@@ -58,9 +59,7 @@ class RunData:
         for loader in (self.train, self.val):
             if isinstance(loader, ShardLoader):
                 loader.close()
-            shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)  # PyTorch's own
-            if callable(shutdown):
-                shutdown()
+            stop_workers(getattr(loader, "_iterator", None))
 
     def start_epoch(self, epoch: int, samples_done: int) -> None:
         """Set the epoch's order (the same on every rank), skipping the samples a resumed epoch already had."""

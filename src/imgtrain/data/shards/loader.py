@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from litdata import StreamingDataLoader
 
+from imgtrain.data.failures import stop_workers
 from imgtrain.data.loader import LoaderPlan, collate
 from imgtrain.data.shards.dataset import ShardSplit
 
@@ -113,9 +114,8 @@ class ShardLoader:
         the end of a run, measured). The run closes its loaders itself (`close_all`, and on an error or stop in an
         epoch, `StreamBatches`)."""
         loader = getattr(self, "loader", None)  # None when __init__ failed before making it
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+        if hasattr(getattr(loader, "_iterator", None), "_shutdown_workers"):  # a worker iterator: stop, then drop it
+            stop_workers(loader._iterator)
             loader._iterator = None
 
     def __del__(self) -> None:  # when the run drops its loaders, before the garbage collector breaks the cycle
