@@ -45,7 +45,7 @@ WORKER_GRACE_S = 30
 # thread enters Python whenever it drops a tensor a collective used, and CPython 3.11 then takes its thread-list
 # lock without the GIL: a worker forked at that instant waits for that lock forever (pytorch#75147; found with
 # gdb, 3 hangs in ~115 runs of tests/test_ddp.py::test_sweep_inside_torchrun on 2 loaded cores). forkserver forks
-# from a clean server that imports FORKSERVER_PRELOAD once, so a worker still starts in milliseconds.
+# from a clean server that imports FORKSERVER_PRELOAD once (about +2.4 s per run: BENCHMARKS.md, 2026-11-24).
 FORKSERVER = "forkserver"
 FORKSERVER_PRELOAD = ["__main__", "torch", "imgtrain.data.pipeline"]
 
