@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -219,3 +224,41 @@ def test_workers_start_by_forkserver_under_a_process_group_unless_set(setting, p
     plan = plan_loader(data, train=True, device_type="cpu", world_size=2, process_group=process_group)
     assert plan.kwargs["multiprocessing_context"] == expected
     assert any("forkserver under a process group" in note for note in plan.notes) == (setting is None and process_group)
+
+
+# Two epochs of a forkserver loader with persistent workers; between them the process waits for SIGTERM.
+_SIGNALLED_LOADER = """
+import signal, sys, time, torch
+from torch.utils.data import TensorDataset
+from imgtrain.config import DataConfig
+from imgtrain.data.failures import stop_workers
+from imgtrain.data.loader import build_loader, plan_loader
+got = []
+signal.signal(signal.SIGTERM, lambda *_: got.append(1))
+plan = plan_loader(DataConfig(num_workers=1, batch_size=4), train=True, device_type="cpu", process_group=True)
+loader = build_loader(TensorDataset(torch.zeros(16, 1), torch.zeros(16, dtype=torch.long)), plan, train=True, seed=0)
+print("epoch 1:", sum(1 for _ in loader), "batches", flush=True)
+while not got:
+    time.sleep(0.01)
+print("epoch 2:", sum(1 for _ in loader), "batches", flush=True)
+stop_workers(loader._iterator)  # as a run does at its end: left to exit, the worker would take its 30 s grace
+"""
+
+
+def test_a_forkserver_and_its_workers_outlive_sigterm_to_the_process_group() -> None:
+    """torchrun's agent and SLURM signal the whole process group: the rank saves at its next agreed step, so its
+    workers must go on serving batches. A forkserver killed by that SIGTERM made them look dead (CI, 2026-11-24)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SIGNALLED_LOADER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as torchrun gives each rank
+    )
+    try:
+        assert proc.stdout.readline() == "epoch 1: 4 batches\n"
+        os.killpg(proc.pid, signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and output == "epoch 2: 4 batches\n", output[-2000:]

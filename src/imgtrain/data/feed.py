@@ -166,11 +166,16 @@ class DeviceBatches:
 
 
 # ----------------------------------------------------------------------------- device-resident data
-def materialize(dataset: Dataset, transform: Any, device: torch.device, workers: int) -> tuple[torch.Tensor, ...]:
-    """Decode a whole dataset once with a deterministic `transform`: (uint8 images [N,3,S,S], labels [N])."""
+def materialize(
+    dataset: Dataset, transform: Any, device: torch.device, workers: int, start_method: str | None = None
+) -> tuple[torch.Tensor, ...]:
+    """Decode a whole dataset once with a deterministic `transform`: (uint8 images [N,3,S,S], labels [N]).
+    `start_method`: how the workers start, the plan's (forkserver under torchrun, see data/loader.py)."""
     fixed = copy.copy(dataset)
     fixed.transform = transform
-    loader = DataLoader(fixed, batch_size=256, num_workers=workers)
+    loader = DataLoader(
+        fixed, batch_size=256, num_workers=workers, multiprocessing_context=start_method if workers else None
+    )
     images, labels = zip(*loader, strict=True)
     return torch.cat(images).to(device), torch.cat(labels).to(device)
 
@@ -258,12 +263,13 @@ def build_resident(
     drop_last: bool,
     device: torch.device,
     workers: int,
+    start_method: str | None,
     augment: bool,
 ) -> ResidentLoader:
     """The training split on `device`, decoded once with the validation transform (square, image_size), with
-    `workers` DataLoader workers for that one pass."""
+    `workers` DataLoader workers started by `start_method` for that one pass."""
     check_fits(len(bundle.train), bundle.image_size, device)
-    images, labels = materialize(bundle.train, bundle.val.transform, device, workers)
+    images, labels = materialize(bundle.train, bundle.val.transform, device, workers, start_method)
     log.info(
         "data.device_resident=true: %d training images on %s (%.2f GB uint8); crops and flips run there, batched",
         *(images.shape[0], device, images.numel() / 1e9),

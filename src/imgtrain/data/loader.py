@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import logging
 import multiprocessing
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import random
 import signal
 import time
@@ -48,10 +50,27 @@ WORKER_GRACE_S = 30
 # from a clean server that imports FORKSERVER_PRELOAD once (about +2.4 s per run: BENCHMARKS.md, 2026-11-24).
 FORKSERVER = "forkserver"
 FORKSERVER_PRELOAD = ["__main__", "torch", "imgtrain.data.pipeline"]
+# torchrun's agent and SLURM signal the whole process group, the forkserver included. A server killed by SIGTERM
+# makes every worker it started look dead to PyTorch (their status reads come from it), so it starts with these
+# signals blocked: they stay pending in the server, which exits anyway when its parent does. (CPython's resource
+# tracker starts the same way, but then unblocks SIGINT and SIGTERM, hence its start first.)
+SHIELDED_SIGNALS = {*STOP_SIGNALS, SUBMITIT_SIGNAL}
+
+
+def start_forkserver() -> None:
+    """Start the one forkserver of this process now (no-op when it runs), deaf to the job's stop signals."""
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the server starts
+    multiprocessing.resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, SHIELDED_SIGNALS)  # a signal now waits, is not lost
+    try:
+        multiprocessing.forkserver.ensure_running()  # the server inherits this thread's mask across exec
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def worker_signals() -> None:
     """In a DataLoader worker: survive the job-wide stop signal long enough for the main process to save."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SHIELDED_SIGNALS)  # a forkserver's child inherits its mask
     for signum in (signal.SIGUSR1, SUBMITIT_SIGNAL):
         signal.signal(signum, signal.SIG_IGN)  # their default action would kill the worker mid-epoch
     for signum in (signal.SIGTERM, signal.SIGINT):  # Ctrl-C too: no KeyboardInterrupt traceback from a worker
@@ -142,7 +161,7 @@ def plan_loader(
             method = FORKSERVER
             notes.append(f"data.multiprocessing_context=null -> {FORKSERVER} under a process group (fork can hang)")
         if method == FORKSERVER:
-            multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the server starts
+            start_forkserver()
         kwargs["multiprocessing_context"] = None if method is None else str(method)
     else:
         ignored = _worker_only_settings(data)

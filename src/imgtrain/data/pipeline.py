@@ -227,6 +227,7 @@ def build_data(
             drop_last=train_plan.kwargs["drop_last"],
             device=device,
             workers=train_plan.kwargs["num_workers"],
+            start_method=train_plan.kwargs.get("multiprocessing_context"),
             augment=settings.dataset.augment,
         )
     feed = Feed.build(
