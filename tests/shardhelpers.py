@@ -45,10 +45,10 @@ def stop_after_step_5(monkeypatch: pytest.MonkeyPatch, args: list[str], run_dir:
     signal is); returns the checkpoint it saved."""
     real_step = Checkpointer.step
 
-    def signal_after_step_5(self: Checkpointer, progress) -> None:
-        if progress.step == 5:
+    def signal_after_step_5(self: Checkpointer) -> None:
+        if self.progress.step == 5:
             os.kill(os.getpid(), signal.SIGTERM)
-        real_step(self, progress)
+        real_step(self)
 
     monkeypatch.setattr(Checkpointer, "step", signal_after_step_5)
     with pytest.raises(Preempted):

@@ -19,7 +19,8 @@ import torch
 from helpers import FAST, compose_cfg
 
 from imgtrain import checkpoint
-from imgtrain.checkpoint import Checkpointer, CheckpointError, CheckpointStore, Progress
+from imgtrain.agreement import WindowReport, merge
+from imgtrain.checkpoint import Checkpointer, CheckpointError, CheckpointStore
 from imgtrain.config import NonFinite, validate
 from imgtrain.dist import DistInfo
 from imgtrain.errors import RunError
@@ -176,7 +177,7 @@ def _checkpointer(tmp_path: Path) -> Checkpointer:
     step = build_step(settings, model, torch.device("cpu"), "fp32", (8, 16))
     model(torch.randn(2, 3, 5, 5)).square().mean().backward()
     step.optimizer.step()
-    checkpointer = Checkpointer(settings, tmp_path, DistInfo(), Faults(NonFinite.stop, None, Progress(), "cpu"))
+    checkpointer = Checkpointer(settings, tmp_path, DistInfo(), Faults(NonFinite.stop, None, "cpu"))
     checkpointer.attach(model, step, total_steps=16)
     return checkpointer
 
@@ -250,13 +251,13 @@ def test_the_clock_is_agreed_at_a_window_and_the_epoch_end_follows_it(tmp_path: 
     checkpointer = _checkpointer(tmp_path)
     saves = []
     monkeypatch.setattr(checkpointer, "save", lambda best=False, wait=False: saves.append((best, wait)))
-    checkpointer.agree([checkpointer.local()])
-    checkpointer.step(checkpointer.progress)
+    checkpointer.agree(merge([WindowReport(**checkpointer.report())]))
+    checkpointer.step()
     checkpointer.end_epoch(improved=False, last=False)
     assert saves == [] and checkpointer.every_s == 600  # the 10-minute default has not run out
     checkpointer.last_save -= 601
-    assert checkpointer.local()[0] == 1.0
-    checkpointer.agree([checkpointer.local(), [0.0, 0.0]])  # rank 0's clock decides for every rank
+    assert checkpointer.report()["checkpoint_due"]
+    checkpointer.agree(merge([WindowReport(**checkpointer.report()), WindowReport()]))  # rank 0's clock decides
     checkpointer.end_epoch(improved=False, last=False)
     checkpointer.end_epoch(improved=True, last=False)  # best.pt, whatever the clock
     assert saves == [(False, False), (True, False)]

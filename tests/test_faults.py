@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from imgtrain.checkpoint import Progress
+from imgtrain.agreement import WindowReport, exchange, merge
 from imgtrain.config import DataConfig, NonFinite
 from imgtrain.data.failures import explain_loader_failure, next_batch
 from imgtrain.data.loader import GuardedSamples, build_loader, collate, plan_loader
 from imgtrain.errors import RunError
-from imgtrain.faults import SECOND_CTRL_C_AFTER_S, Faults, Preempted, StopSignals
+from imgtrain.faults import SECOND_CTRL_C_AFTER_S, Faults, Preempted, Stop, StopReason, StopSignals
 
 
 class _Faulty(Dataset):
@@ -163,38 +163,55 @@ def test_hand_over_runs_a_schedulers_own_handler() -> None:
 
 
 def _faults(policy: NonFinite, budget: int | None = 10) -> Faults:
-    return Faults(policy, budget, Progress(), torch.device("cpu"))
+    return Faults(policy, budget, torch.device("cpu"))
+
+
+def _window(faults: Faults, *others: WindowReport) -> None:
+    """A logging window: this rank's report and `others` (other ranks'), merged as the exchange merges them."""
+    faults.agree(merge([WindowReport(**faults.report()), *others]))
 
 
 def test_nonfinite_skip_reads_the_loss_every_step_and_stop_waits_for_a_window() -> None:
     skip = _faults(NonFinite.skip)
-    assert not skip.allows_update(torch.tensor(float("nan")), 3) and skip.progress.nonfinite_steps == 1
+    assert not skip.allows_update(torch.tensor(float("nan")), 3) and skip.counts.nonfinite_steps == 1
     assert skip.allows_update(torch.tensor(1.5), 4)
     stop = _faults(NonFinite.stop)  # no read per step: the first bad step is kept on the device
     assert stop.allows_update(torch.tensor(1.0), 1) and stop.allows_update(torch.tensor(float("inf")), 2)
     assert stop.allows_update(torch.tensor(float("nan")), 3)
-    stop.agree([stop.local()])  # a logging window
-    assert stop.first_nan == 2
-    with pytest.raises(RunError, match="NaN or infinite at step 2"):
-        stop.act(lambda: "saved", lambda: "No checkpoint had been written yet.")
+    assert stop.stop() is None  # not agreed yet
+    _window(stop)
+    assert stop.stop() == Stop(StopReason.NONFINITE) and stop.first_nan == 2
+    assert "NaN or infinite at step 2 (epoch 1)" in str(stop.nonfinite_error(0, "No checkpoint had been written yet."))
 
 
-def test_faults_act_only_on_what_the_window_agreed() -> None:
+def test_faults_stop_only_on_what_the_window_agreed() -> None:
     faults = _faults(NonFinite.stop, budget=2)
-    saves = []
     faults.unreadable((("a.jpg", "truncated"), ("b.jpg", "truncated")))
-    faults.act(lambda: saves.append(1) or "saved", str)  # nothing agreed yet: nothing happens
-    assert saves == [] and faults.bad.count == 0
-    faults.agree([faults.local(), [0.0, 1.0, -1.0]])  # this rank's two, and another rank's one
-    assert faults.bad.count == 3 and faults.progress.skipped_samples == 3
-    with pytest.raises(RunError, match="data.max_bad_samples=2 exceeded: 3 image reads failed"):
-        faults.act(lambda: saves.append(1) or "saved", str)
-    assert saves == [1]  # the work so far is saved before the run stops
+    assert faults.stop() is None and faults.counts.skipped_samples == 0  # nothing agreed yet
+    _window(faults, WindowReport(unreadable=1))  # this rank's two, and another rank's one
+    assert faults.counts.skipped_samples == 3 and faults.stop() == Stop(StopReason.BAD_DATA)
+    assert "data.max_bad_samples=2 exceeded: 3 image reads failed" in str(faults.bad.error("saved"))
     signalled = _faults(NonFinite.stop)
-    signalled.agree([[0.0, 0.0, -1.0], [float(signal.SIGTERM), 0.0, -1.0]])  # a signal reached rank 1 only
-    with pytest.raises(Preempted) as caught:
-        signalled.act(lambda: "The last checkpoint is x.", str)
-    assert caught.value.exit_code == 143 and "SIGTERM at step 0" in str(caught.value)
+    signalled.alone = False  # under DDP: a signal that reached one rank counts once agreed
+    _window(signalled, WindowReport(stop_signal=signal.SIGTERM))  # a signal reached rank 1 only
+    assert signalled.stop() == Stop(StopReason.SIGNAL, signal.SIGTERM)
+    failed = _faults(NonFinite.stop)
+    _window(failed, WindowReport(write_failed=True, stop_signal=signal.SIGTERM))  # no save to try: say why
+    assert failed.stop() == Stop(StopReason.WRITE_FAILED)
+
+
+def test_agreement_merges_every_ranks_report_and_survives_the_float_exchange() -> None:
+    reports = [
+        WindowReport(images_per_sec=100.0, data_wait_frac=0.1, step_time_ms=20.0, gpu_util_pct=-1.0, first_nan_step=7),
+        WindowReport(images_per_sec=80.0, data_wait_frac=0.3, step_time_ms=25.0, gpu_util_pct=50.0, first_nan_step=5),
+        WindowReport(stop_signal=signal.SIGINT, unreadable=2, checkpoint_due=True),
+    ]
+    agreed = merge(reports)
+    assert agreed.images_per_sec == 180.0 and agreed.data_wait_frac_max == 0.3 and agreed.step_time_ms == 25.0
+    assert agreed.gpu_util_per_rank == [None, 50.0, None] and agreed.first_nan_step == 5
+    assert agreed.stop_signal == signal.SIGINT and agreed.unreadable == 2 and agreed.checkpoint_due
+    assert not agreed.write_failed
+    assert exchange(reports[2]) == merge([reports[2]])  # one process: its own report, typed back from floats
 
 
 def test_preempted_exit_code_follows_the_shell_convention() -> None:

@@ -1,9 +1,10 @@
-"""What ends a run early, acted on where the loop already syncs: stop signals, non-finite losses, bad data.
+"""What ends a run early: stop signals, non-finite losses, bad data, a failed checkpoint write.
 
 Under DDP every rank must take the same branch at the same step. Nothing here adds a collective per step:
-each rank's stop signal, unreadable-image count and first NaN step travel with the metrics' one exchange per
-logging window (`local` out, `agree` in), and every rank acts on the agreed values at that step (`act`).
-The exception is trainer.nonfinite=skip, which must know before each update, by design.
+each rank's stop signal, unreadable-image count and first NaN step travel in its `agreement.WindowReport`
+with the metrics' one exchange per logging window, and every rank reads the same `Stop` from `stop()`
+after each step; the loop returns it and `Checkpointer.stopped` acts on it. The exception is
+trainer.nonfinite=skip, which must know before each update, by design.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import torch
 
 from imgtrain import dist
+from imgtrain.agreement import Agreement, WindowReport, exchange
 from imgtrain.config import NonFinite
 from imgtrain.data.loader import STOP_SIGNALS, SUBMITIT_SIGNAL
 from imgtrain.errors import RunError
@@ -87,11 +91,35 @@ class StopSignals:
             previous(signum, None)
 
 
+@dataclass
+class FaultCounts:
+    """What went wrong so far, saved in every checkpoint beside the position (Faults owns and writes it)."""
+
+    skipped_samples: int = 0  # unreadable image reads, summed over ranks (a file read twice counts twice)
+    unreadable_files: dict[str, str] = field(default_factory=dict)  # distinct unreadable files: path -> reason
+    nonfinite_steps: int = 0  # steps skipped because the loss was NaN or inf (trainer.nonfinite=skip)
+
+
+class StopReason(Enum):
+    NONFINITE = "a NaN or infinite loss with trainer.nonfinite=stop"
+    WRITE_FAILED = "a checkpoint write that failed"
+    BAD_DATA = "more unreadable images than data.max_bad_samples"
+    SIGNAL = "a stop signal"
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The decision to end the run, the same on every rank: the loop returns it, `Checkpointer.stopped` acts."""
+
+    reason: StopReason
+    signum: int = 0  # SIGNAL: which one
+
+
 class BadSampleBudget:
     """Counts unreadable images (each read counts) and stops the run once `data.max_bad_samples` is passed."""
 
-    def __init__(self, limit: int | None, count: int = 0) -> None:
-        self.limit, self.count = limit, count
+    def __init__(self, limit: int | None, counts: FaultCounts) -> None:
+        self.limit, self.counts = limit, counts
         self.examples: list[str] = []
         self.new_files: dict[str, str] = {}  # this rank's unreadable files not yet merged: path -> reason
 
@@ -105,31 +133,31 @@ class BadSampleBudget:
 
     @property
     def exceeded(self) -> bool:
-        return self.limit is not None and self.count > self.limit
+        return self.limit is not None and self.counts.skipped_samples > self.limit
 
     def error(self, checkpoint: str) -> RunError:
         shown = "; ".join(self.examples) or "see the warnings above"
         return RunError(
-            f"data.max_bad_samples={self.limit} exceeded: {self.count} image reads failed (e.g. {shown}). "
-            f"Fix or remove those files, or raise data.max_bad_samples (null = no limit). {checkpoint}"
+            f"data.max_bad_samples={self.limit} exceeded: {self.counts.skipped_samples} image reads failed (e.g. "
+            f"{shown}). Fix or remove those files, or raise data.max_bad_samples (null = no limit). {checkpoint}"
         )
 
 
 class Faults:
-    """One run's fault handling; `progress` (checkpoint.Progress) gets the counts that are saved with it."""
+    """One run's fault handling and its `counts` (saved with every checkpoint)."""
 
-    def __init__(
-        self, policy: NonFinite, max_bad_samples: int | None, progress: Any, device: torch.device, alone: bool = True
-    ) -> None:
-        self.policy, self.progress = policy, progress
+    def __init__(self, policy: NonFinite, max_bad_samples: int | None, device: torch.device, alone: bool = True):
+        self.policy = policy
         self.alone = alone  # one process: a stop signal needs no agreement and is acted on after the current step
         self.signals = StopSignals()
-        self.bad = BadSampleBudget(max_bad_samples, progress.skipped_samples)
+        self.counts = FaultCounts()
+        self.bad = BadSampleBudget(max_bad_samples, self.counts)
         self.unreported = 0  # this rank's unreadable reads since the last window
         # trainer.nonfinite=stop: the first step with a NaN/inf loss (-1: none), on the device until a sync
         self.nan_step = torch.full((), -1, dtype=torch.long, device=device) if policy == NonFinite.stop else None
         self.stop_signal = 0  # agreed at a window: a stop signal any rank received
         self.first_nan = 0  # agreed at a window: the first NaN step on any rank
+        self.write_failed = False  # agreed at a window: rank 0's last checkpoint write failed
 
     def __enter__(self) -> Faults:
         self.signals.__enter__()
@@ -137,6 +165,11 @@ class Faults:
 
     def __exit__(self, *exc: object) -> None:
         self.signals.__exit__()
+
+    def restore(self, counts: FaultCounts) -> None:
+        """The counts a resumed checkpoint saved."""
+        for name in FaultCounts.__dataclass_fields__:  # into the same object: the budget reads it too
+            setattr(self.counts, name, getattr(counts, name))
 
     # ------------------------------------------------------------------ every step
     def allows_update(self, loss: torch.Tensor, step: int) -> bool:
@@ -150,8 +183,8 @@ class Faults:
         nonfinite = float(not bool(torch.isfinite(loss.detach())))
         if not any(row[0] for row in dist.all_gather_host([nonfinite])):
             return True
-        self.progress.nonfinite_steps += 1
-        log.warning("non-finite loss at step %d: step skipped (%d so far)", step, self.progress.nonfinite_steps)
+        self.counts.nonfinite_steps += 1
+        log.warning("non-finite loss at step %d: step skipped (%d so far)", step, self.counts.nonfinite_steps)
         return False
 
     def unreadable(self, skipped: tuple[tuple[str, str], ...]) -> None:
@@ -159,74 +192,72 @@ class Faults:
         self.bad.report(skipped)
         self.unreported += len(skipped)
 
-    # ------------------------------------------------------------------ logging windows (after the loss is read)
-    def local(self) -> list[float]:
-        """This rank's numbers for the window's exchange: stop signal, unreadable reads, first NaN step."""
-        nan = float(self.nan_step.item()) if self.nan_step is not None else -1.0  # the GPU has just synced
-        values = [float(self.signals.received), float(self.unreported), nan]
-        self.unreported = 0
-        return values
-
-    def agree(self, rows: list[list[float]]) -> None:
-        """Every rank's `local` values: from now on every rank acts on the same ones."""
-        self.stop_signal = max(self.stop_signal, int(max(row[0] for row in rows)))
-        self.bad.count += int(sum(row[1] for row in rows))
-        self.progress.skipped_samples = self.bad.count
-        nans = [int(row[2]) for row in rows if row[2] >= 0]
-        self.first_nan = self.first_nan or (min(nans) if nans else 0)
-
-    def act(self, save_and_wait: Callable[[], str], last_checkpoint: Callable[[], str]) -> None:
-        """At a step boundary: stop on an agreed NaN, exceeded budget or stop signal (saving first, but never
-        weights a NaN has reached)."""
+    def stop(self) -> Stop | None:
+        """The stop every rank agreed on at the last window (a single process: a signal at once), if any."""
         if self.alone and self.signals.received:
             self.stop_signal = self.signals.received
         if self.first_nan:
-            self._stop_nonfinite(last_checkpoint)
+            return Stop(StopReason.NONFINITE)
+        if self.write_failed:
+            return Stop(StopReason.WRITE_FAILED)
         if self.bad.exceeded:
-            raise self.bad.error(save_and_wait())
+            return Stop(StopReason.BAD_DATA)
         if self.stop_signal:
-            where = save_and_wait()
-            name = signal.Signals(self.stop_signal).name
-            log.warning("%s: stopped at step %d. %s", name, self.progress.step, where)
-            self.signals.hand_over(self.stop_signal)  # submitit's handler (if any) requeues the job and exits here
-            raise Preempted(
-                self.stop_signal,
-                f"{name} at step {self.progress.step}: {where} Run the same command again in the same run directory "
-                "(hydra.run.dir=...) to continue, or pass trainer.resume=<checkpoint>",
-            )
+            return Stop(StopReason.SIGNAL, self.stop_signal)
+        return None
 
-    def before_save(self, last_checkpoint: Callable[[], str]) -> None:
-        """nonfinite=stop: read the first NaN step of every rank (one sync, one exchange) before writing weights."""
+    # ------------------------------------------------------------------ logging windows (after the loss is read)
+    def report(self) -> dict[str, int]:
+        """This rank's fields of the window's `WindowReport`: stop signal, unreadable reads, first NaN step."""
+        values = {"stop_signal": self.signals.received, "unreadable": self.unreported, "first_nan_step": self._nan()}
+        self.unreported = 0
+        return values
+
+    def agree(self, agreed: Agreement) -> None:
+        """From now on every rank acts on the same values."""
+        self.stop_signal = max(self.stop_signal, agreed.stop_signal)
+        self.counts.skipped_samples += agreed.unreadable
+        self.first_nan = self.first_nan or agreed.first_nan_step
+        self.write_failed = self.write_failed or agreed.write_failed
+
+    def read_nan_step(self) -> None:
+        """nonfinite=stop: agree on every rank's first NaN step now (one sync, one exchange), before a save."""
         if self.nan_step is not None:
-            self.agree([[0.0, 0.0, row[0]] for row in dist.all_gather_host([float(self.nan_step.item())])])
-        if self.first_nan:
-            self._stop_nonfinite(last_checkpoint)
+            self.agree(exchange(WindowReport(first_nan_step=self._nan())))
 
-    def _stop_nonfinite(self, last_checkpoint: Callable[[], str]) -> None:
-        self.progress.nonfinite_steps += 1
-        raise RunError(
-            f"the training loss is NaN or infinite at step {self.first_nan} (epoch {self.progress.epoch + 1}) and "
-            f"trainer.nonfinite=stop. {last_checkpoint()} Lower optim.lr, try trainer.precision=fp32, or set "
+    def _nan(self) -> int:
+        return int(self.nan_step.item()) if self.nan_step is not None else -1  # the GPU has just synced
+
+    def before_save(self, last_checkpoint: Callable[[], str], epoch: int) -> None:
+        """Never save weights a NaN loss has reached: read the NaN step, and stop if there is one."""
+        self.read_nan_step()
+        if self.first_nan:
+            raise self.nonfinite_error(epoch, last_checkpoint())
+
+    def nonfinite_error(self, epoch: int, checkpoint: str) -> RunError:
+        self.counts.nonfinite_steps += 1
+        return RunError(
+            f"the training loss is NaN or infinite at step {self.first_nan} (epoch {epoch + 1}) and "
+            f"trainer.nonfinite=stop. {checkpoint} Lower optim.lr, try trainer.precision=fp32, or set "
             "trainer.nonfinite=skip"
         )
 
     def merge_unreadable(self) -> None:
-        """Every rank's distinct unreadable files into `progress.unreadable_files` (before a save and at the end
+        """Every rank's distinct unreadable files into `counts.unreadable_files` (before a save and at the end
         of the run). Under DDP one object exchange, and only once an unreadable read has been agreed on."""
         if self.alone:
             rows = [self.bad.new_files]
-        elif self.bad.count:
+        elif self.counts.skipped_samples:
             rows = dist.all_gather_objects(self.bad.new_files)
         else:
             return
         for row in rows:
             for path, reason in row.items():
-                self.progress.unreadable_files.setdefault(path, reason)
+                self.counts.unreadable_files.setdefault(path, reason)
         self.bad.new_files = {}
 
     def count_unreadable(self, count: int, last_checkpoint: Callable[[], str]) -> None:
         """Unreadable images already summed over ranks (validation): counted, and stop once over budget."""
-        self.bad.count += count
-        self.progress.skipped_samples = self.bad.count
+        self.counts.skipped_samples += count
         if self.bad.exceeded:
             raise self.bad.error(last_checkpoint())

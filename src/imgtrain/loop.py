@@ -1,6 +1,7 @@
-"""The training loop. `train_one_epoch` is the whole step: data, forward, loss, backward, update, then one call
-each to the metrics and the checkpointer. `fit` runs the epochs and validation; `EpochBatches` is the batch
-iterator that times the wait for each batch and hands unreadable files to the fault handler.
+"""The training loop. `train_one_epoch` is the whole step: data, forward, loss, backward, update, one call each
+to the metrics and the checkpointer, then the termination conditions. `fit` runs the epochs and validation, and
+ends the run on a stop; `EpochBatches` is the batch iterator that times the wait for each batch and hands
+unreadable files to the fault handler.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from imgtrain.data.failures import (
 from imgtrain.data.feed import Feed
 from imgtrain.data.pipeline import RunData
 from imgtrain.data.stages import transfer_seconds
-from imgtrain.faults import Faults
+from imgtrain.faults import Faults, Stop
 from imgtrain.metrics import Metrics
 from imgtrain.model import evaluation_module
 from imgtrain.optim import Step
@@ -46,10 +47,11 @@ def train_one_epoch(
     checkpointer: Checkpointer,
     progress: Progress,
     profiler: Profiler,
-) -> None:
-    """One pass over `batches` (images and labels already on the device). No GPU sync here: the metrics read
-    the loss back every `trainer.log_every_n_steps` steps, and faults are acted on there. The `profiler.range`s
-    label the trace of trainer.profile=true; otherwise they do nothing."""
+) -> Stop | None:
+    """One pass over `batches` (images and labels already on the device), or until a stop: the stop, if any.
+    No GPU sync here: the metrics read the loss back every `trainer.log_every_n_steps` steps, where the ranks
+    agree on what stops the run. The `profiler.range`s label the trace of trainer.profile=true; otherwise they
+    do nothing."""
     model.train()
     for images, labels in batches:
         logits, loss = step.forward(model, images, labels, mark=profiler.range)  # autocast, cross-entropy
@@ -57,8 +59,13 @@ def train_one_epoch(
             step.update(loss, mark=profiler.range)  # backward, optimizer (via the fp16 scaler), LR schedule
         progress.advance(labels.shape[0])
         metrics.step(progress.step, loss, logits, labels)  # a logging step: one sync, one exchange across ranks
-        checkpointer.step(progress)  # a stop signal, NaN or bad-data budget agreed there; periodic last.pt
+        checkpointer.step()  # last.pt every trainer.ckpt_every_n_steps steps or ckpt_every_min minutes
         profiler.step()  # trainer.profile=true: the trace is written after its last step
+        # termination conditions, agreed by every rank at the last logging window (one process: a signal at once)
+        stop = faults.stop()  # a stop signal, a NaN/inf loss, the bad-data budget, a failed checkpoint write
+        if stop:
+            return stop
+    return None
 
 
 class EpochBatches:
@@ -190,11 +197,13 @@ def fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mo
             mark=parts.profiler.range,
         )
         with batches, saved_on_loader_failure(parts):  # e.g. a worker the OOM killer ended: one line, saved
-            train_one_epoch(
+            stop = train_one_epoch(
                 model, batches, step, parts.faults, parts.metrics, parts.checkpointer, progress, parts.profiler
             )
-        parts.metrics.end_epoch(progress.step)  # the last, partial window: its agreed faults are acted on now
-        parts.faults.act(parts.checkpointer.save_and_wait, parts.checkpointer.settled_checkpoint)
+        parts.metrics.end_epoch(progress.step)  # the epoch's last, partial window: it may agree on a stop too
+        stop = stop or parts.faults.stop()
+        if stop:
+            raise parts.checkpointer.stopped(stop)  # saved unless a NaN reached the weights; one line, exit code
         if mode == Mode.train:
             _end_epoch(model, data, step, parts, epochs=epochs, completed=batches.completed)
         elif batches.completed:
@@ -205,12 +214,9 @@ def _end_epoch(model: nn.Module, data: RunData, step: Step, parts: Components, *
     """Validate, log, and save (always at the end of the run; best.pt when accuracy improved). An epoch cut
     short by trainer.max_steps keeps its position, so a longer run continues from there."""
     progress = parts.progress
-    progress.val = evaluate(model, data, step, parts.faults, parts.checkpointer.settled_checkpoint)
+    improved = progress.validated(evaluate(model, data, step, parts.faults, parts.checkpointer.settled_checkpoint))
     val = {"val/loss": progress.val["val_loss"], "val/acc": progress.val["val_acc"]}
-    parts.metrics.log({**val, "data/skipped_samples": progress.skipped_samples}, progress.step)  # with val's
-    improved = progress.best_val_acc is None or progress.val["val_acc"] > progress.best_val_acc
-    if improved:
-        progress.best_val_acc = progress.val["val_acc"]
+    parts.metrics.log({**val, "data/skipped_samples": parts.faults.counts.skipped_samples}, progress.step)
     log.info(
         "epoch %d/%d: val_loss %.4f  val_acc %.4f",
         *(progress.epoch + 1, epochs, progress.val["val_loss"], progress.val["val_acc"]),

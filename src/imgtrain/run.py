@@ -22,7 +22,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from imgtrain import dist, rundir, tune
-from imgtrain.checkpoint import Checkpointer, Progress
+from imgtrain.checkpoint import Checkpointer
 from imgtrain.cli import one_line
 from imgtrain.config import TUNE, Config, Mode, validate
 from imgtrain.data.pipeline import RunData, build_data, save_loader_args, use_tuned_workers
@@ -138,12 +138,11 @@ def _train_locked(
         "device %s, precision %s, world size %d, %d epoch(s) x %d steps (%d steps in all)",
         *(device, precision, info.world_size, epochs, steps_per_epoch, total_steps),
     )
-    progress = Progress(replicas=data.replicas)
-    faults = Faults(trainer.nonfinite, settings.data.max_bad_samples, progress, device, alone=not info.enabled)
+    faults = Faults(trainer.nonfinite, settings.data.max_bad_samples, device, alone=not info.enabled)
     checkpointer = Checkpointer(settings, out_dir, info, faults)
     faults.signals.last_checkpoint = checkpointer.last_checkpoint  # what a second Ctrl-C names as it exits
     checkpointer.attach(base, step, total_steps, order=data.order)
-    checkpointer.resume()
+    progress = checkpointer.resume(replicas=data.replicas)  # the loop's position: only the loop writes it
     finished = out_dir / "metrics.json"
     if progress.step >= total_steps and finished.exists():
         log.info("this run already finished at step %d: %s is kept as it is", progress.step, finished)

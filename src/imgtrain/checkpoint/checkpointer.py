@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,22 +21,24 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from imgtrain import dist
+from imgtrain.agreement import Agreement
 from imgtrain.checkpoint.files import DIRNAME, FORMAT, FORMAT_VERSION, CheckpointStore, locate
 from imgtrain.checkpoint.files import load as load_checkpoint
 from imgtrain.checkpoint.state import HostSnapshot, Progress, capture_rng, progress_dict, progress_from, restore_rng
 from imgtrain.checkpoint.writer import AsyncWriter
 from imgtrain.config import Config, Mode
 from imgtrain.errors import ConfigError, RunError
-from imgtrain.faults import Faults
+from imgtrain.faults import Faults, Preempted, Stop, StopReason
 from imgtrain.optim import Step
 
 log = logging.getLogger(__name__)
 
 
 class Checkpointer:
-    """A run's checkpoints: resume, timed, periodic and epoch-end saves, best.pt, and acting on agreed faults.
+    """A run's checkpoints: resume, timed, periodic and epoch-end saves, best.pt, and the save a stop makes.
 
-    Every rank calls the same methods at the same steps, so all agree on where the last checkpoint is.
+    Every rank calls the same methods at the same steps, so all agree on where the last checkpoint is. It reads
+    the loop's `Progress` (from `resume`) and the faults' counts to save them; it writes neither.
     """
 
     def __init__(self, settings: Config, out_dir: Path, info: dist.DistInfo, faults: Faults) -> None:
@@ -47,13 +50,12 @@ class Checkpointer:
         self.every_s = None if trainer.ckpt_every_min is None else trainer.ckpt_every_min * 60.0
         self.last_save = time.monotonic()  # the clock starts with the run
         self.due = False  # agreed at a window: rank 0's clock has run out
-        self.failed = False  # agreed at a window: rank 0's last write failed
         self.written_step: int | None = None  # the step of the newest checkpoint known to be on disk
         self.snapshot, self.writer = HostSnapshot(), AsyncWriter()
         self.model: nn.Module | None = None
         self.step_state: Step | None = None
         self.order: Any = None  # dataset=shards: the training order's state (state_dict / load_state_dict)
-        self.progress = faults.progress
+        self.progress = Progress()  # the loop's, from `resume` on
         self.total_steps = 0
 
     def attach(self, model: nn.Module, step: Step, total_steps: int, order: Any = None) -> None:
@@ -72,24 +74,46 @@ class Checkpointer:
             raise self._write_failure()
 
     # ------------------------------------------------------------------ the logging window's exchange
-    def local(self) -> list[float]:
-        """Rank 0's clock and write outcome, for the window's exchange (the other ranks send zeros)."""
+    def report(self) -> dict[str, bool]:
+        """Rank 0's clock and write outcome, its fields of the window's `WindowReport` (other ranks: False)."""
         clock = self.every_s is not None and self.store.enabled and time.monotonic() - self.last_save >= self.every_s
-        return [float(clock), float(self.store.enabled and self.writer.failed)]
+        return {"checkpoint_due": clock, "write_failed": self.store.enabled and self.writer.failed}
 
-    def agree(self, rows: list[list[float]]) -> None:
-        self.due = self.due or any(row[0] for row in rows)
-        self.failed = any(row[1] for row in rows)
+    def agree(self, agreed: Agreement) -> None:
+        self.due = self.due or agreed.checkpoint_due
 
     # ------------------------------------------------------------------ the loop's calls
-    def step(self, progress: Progress) -> None:
-        """After every step: act on faults agreed at a window; save when the clock or the step interval says."""
-        self.faults.act(self.save_and_wait, self.settled_checkpoint)
-        if self.failed:
-            raise self._write_failure()
-        interval = self.every_steps and progress.step % self.every_steps == 0
-        if (interval or self.due) and progress.step < self.total_steps:
+    def step(self) -> None:
+        """After every step: save when the clock or the step interval says, unless a stop (which saves) is agreed
+        or, with trainer.nonfinite=stop, a NaN loss has reached the weights."""
+        step = self.progress.step
+        interval = self.every_steps and step % self.every_steps == 0
+        if not ((interval or self.due) and step < self.total_steps) or self.faults.stop():
+            return
+        self.faults.read_nan_step()
+        if not self.faults.stop():
             self.save()
+
+    def stopped(self, stop: Stop) -> BaseException:
+        """Act on an agreed stop at a step boundary: save what may be saved (never weights a NaN loss has reached)
+        and return the exception that ends the run with one line (Preempted for a signal: exit 128 + its number)."""
+        self.faults.read_nan_step()  # nonfinite=stop: a NaN since the last window outranks the other reasons
+        stop = self.faults.stop() or stop
+        if stop.reason == StopReason.NONFINITE:
+            return self.faults.nonfinite_error(self.progress.epoch, self.settled_checkpoint())
+        if stop.reason == StopReason.WRITE_FAILED:
+            return self._write_failure()
+        where = self.save_and_wait()
+        if stop.reason == StopReason.BAD_DATA:
+            return self.faults.bad.error(where)
+        name, step = signal.Signals(stop.signum).name, self.progress.step
+        log.warning("%s: stopped at step %d. %s", name, step, where)
+        self.faults.signals.hand_over(stop.signum)  # submitit's handler (if any) requeues the job and exits here
+        return Preempted(
+            stop.signum,
+            f"{name} at step {step}: {where} Run the same command again in the same run directory "
+            "(hydra.run.dir=...) to continue, or pass trainer.resume=<checkpoint>",
+        )
 
     def end_epoch(self, improved: bool, last: bool) -> None:
         """At an epoch end: save when validation improved (best.pt too), when the clock says (every epoch with
@@ -101,7 +125,7 @@ class Checkpointer:
 
     def save(self, best: bool = False, wait: bool = False) -> str:
         """Start writing last.pt (rank 0), never with weights a NaN loss has reached; a sentence saying where."""
-        self.faults.before_save(self.settled_checkpoint)
+        self.faults.before_save(self.settled_checkpoint, self.progress.epoch)
         self.faults.merge_unreadable()  # every rank's distinct unreadable files, into the saved progress
         self.due, self.last_save = False, time.monotonic()
         if not self.writes:
@@ -158,7 +182,7 @@ class Checkpointer:
             "version": FORMAT_VERSION,
             "model": self.model.state_dict(),
             **self.step_state.state_dict(),
-            "progress": progress_dict(self.progress),
+            "progress": progress_dict(self.progress, self.faults.counts),
             "rng": capture_rng(),
             "global_batch": self.settings.data.batch_size * self.info.world_size,
             "config": OmegaConf.to_yaml(self.settings),
@@ -192,8 +216,10 @@ class Checkpointer:
         return f"The last good checkpoint is {last}{known}."
 
     # ------------------------------------------------------------------ resume
-    def resume(self) -> Progress:
-        """Load what `trainer.resume` points at (rank 0 chooses the file, every rank reads it); else start fresh."""
+    def resume(self, replicas: int = 1) -> Progress:
+        """Load what `trainer.resume` points at (rank 0 chooses the file, every rank reads it), else start fresh:
+        the loop's Progress (`replicas`: the ranks the training order is sharded over)."""
+        self.progress = Progress(replicas=replicas)
         if self.settings.mode != Mode.train:
             return self.progress
         found, problem = None, None
@@ -210,12 +236,12 @@ class Checkpointer:
         if chosen is None:
             return self.progress
         payload = found[1] if self.info.is_main else load_checkpoint(Path(chosen))
-        self._restore(payload, chosen)
+        self._restore(payload, chosen, replicas)
         if Path(chosen) == self.store.last:
             self.written_step = self.progress.step
         return self.progress
 
-    def _restore(self, payload: dict[str, Any], chosen: str) -> None:
+    def _restore(self, payload: dict[str, Any], chosen: str, replicas: int) -> None:
         try:
             self.model.load_state_dict(payload["model"])
             self.step_state.load_state_dict(payload)
@@ -228,10 +254,8 @@ class Checkpointer:
         restore_rng(payload["rng"])
         if self.order is not None:
             self.order.load_state_dict(payload.get("data_order"))
-        saved = progress_from(payload)
-        for key, value in progress_dict(saved).items():  # the same object the loop and faults already hold
-            setattr(self.progress, key, value)
-        self.faults.bad.count = self.progress.skipped_samples
+        self.progress, counts = progress_from(payload, replicas)
+        self.faults.restore(counts)
         global_batch = self.settings.data.batch_size * self.info.world_size
         if payload["global_batch"] != global_batch:
             log.warning(

@@ -11,19 +11,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from imgtrain.faults import FaultCounts
+
 
 @dataclass
 class Progress:
-    """Where training is: saved in every checkpoint, restored on resume."""
+    """Where training is: saved in every checkpoint, restored on resume. Only the loop writes it, through these
+    methods and its validation figures; the checkpointer reads it to save (Faults own the fault counts)."""
 
     step: int = 0  # optimizer steps taken (the same on every rank); TensorBoard's x axis
     epoch: int = 0  # the current epoch, counted from 0
     samples_in_epoch: int = 0  # samples of `epoch`'s order already trained on, over all ranks the sampler shards to
     best_val_acc: float | None = None
     val: dict[str, float] = field(default_factory=dict)
-    skipped_samples: int = 0  # unreadable image reads, summed over ranks (a file read twice counts twice)
-    unreadable_files: dict[str, str] = field(default_factory=dict)  # distinct unreadable files: path -> reason
-    nonfinite_steps: int = 0  # steps skipped because the loss was NaN or inf (trainer.nonfinite=skip)
     replicas: int = field(default=1, metadata={"saved": False})  # ranks the order is sharded over (not saved)
 
     def begin_epoch(self, epoch: int) -> None:
@@ -38,13 +38,28 @@ class Progress:
     def end_epoch(self) -> None:
         self.epoch, self.samples_in_epoch = self.epoch + 1, 0
 
+    def validated(self, val: dict[str, float]) -> bool:
+        """Record an epoch's validation figures; whether its accuracy is the best so far."""
+        self.val = val
+        improved = self.best_val_acc is None or val["val_acc"] > self.best_val_acc
+        if improved:
+            self.best_val_acc = val["val_acc"]
+        return improved
 
-def progress_from(payload: dict[str, Any]) -> Progress:
-    return Progress(**payload["progress"])
+
+def progress_from(payload: dict[str, Any], replicas: int = 1) -> tuple[Progress, FaultCounts]:
+    """The position and the fault counts a checkpoint saved (one `progress` entry, as saved since format 1)."""
+    saved = payload["progress"]
+    counts = FaultCounts(**{name: saved[name] for name in FaultCounts.__dataclass_fields__ if name in saved})
+    position = {name: value for name, value in saved.items() if name not in FaultCounts.__dataclass_fields__}
+    return Progress(**position, replicas=replicas), counts
 
 
-def progress_dict(progress: Progress) -> dict[str, Any]:
-    return {f.name: _plain(getattr(progress, f.name)) for f in fields(progress) if f.metadata.get("saved", True)}
+def progress_dict(progress: Progress, counts: FaultCounts) -> dict[str, Any]:
+    """What a checkpoint's `progress` entry holds: the position and the fault counts."""
+    saved = [(f.name, getattr(progress, f.name)) for f in fields(progress) if f.metadata.get("saved", True)]
+    saved += [(f.name, getattr(counts, f.name)) for f in fields(counts)]
+    return {name: _plain(value) for name, value in saved}
 
 
 def _plain(value: Any) -> Any:

@@ -2,9 +2,9 @@
 
 It owns the step windows, the resource monitor, TensorBoard, the progress bar and the end-of-run summary, and
 reduces across ranks in one place. The loop hands it each step's loss on the device; it reads numbers back
-only every `trainer.log_every_n_steps` steps, where one sync and one small CPU exchange happen. The fault
-handler's numbers (stop signal, unreadable files, first NaN step) and the checkpointer's (its clock, a failed
-write) travel with that exchange.
+only every `trainer.log_every_n_steps` steps, where one sync and one small CPU exchange happen: each rank's
+`agreement.WindowReport`, which also carries the fault handler's fields (stop signal, unreadable files, first
+NaN step) and the checkpointer's (its clock, a failed write).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 import torchvision
 
 from imgtrain import dist
+from imgtrain.agreement import Agreement, WindowReport, exchange
 from imgtrain.config import Config, Mode
 from imgtrain.faults import Faults
 from imgtrain.host import available_cpus, write_json
@@ -35,29 +36,15 @@ from imgtrain.metrics.tensorboard import MetricsLogger, hparam_metrics, hparams
 from imgtrain.metrics.windows import StepMeter
 
 UNREADABLE_LISTED = 100  # distinct unreadable files listed in metrics.json (all are counted)
-PERF_VALUES = 4  # images/s, data-wait share, step time (ms), GPU utilisation: each rank's, per exchange
-
-
-def across_ranks(perf: list[float], extra: list[float] = ()) -> tuple[dict[str, Any], list[list[float]]]:
-    """Every rank's [images/s, wait share, step ms, GPU util] (and `extra`), in one CPU exchange: throughput is
-    summed, the wait averaged and its maximum kept (the slowest rank bounds a DDP step), GPU util per rank."""
-    rows = dist.all_gather_host([*perf, *extra])
-    merged = {
-        "images_per_sec": sum(row[0] for row in rows),
-        "data_wait_frac": sum(row[1] for row in rows) / len(rows),
-        "data_wait_frac_max": max(row[1] for row in rows),
-        "step_time_ms": max(row[2] for row in rows),
-        "gpu_util_per_rank": [row[3] if row[3] >= 0 else None for row in rows],
-    }
-    return merged, [row[PERF_VALUES:] for row in rows]
 
 
 class Agreeing(Protocol):
-    """A component whose numbers every rank must agree on: sent with each window's exchange."""
+    """A component whose numbers every rank must agree on: its fields of each window's `WindowReport` out,
+    the `Agreement` in."""
 
-    def local(self) -> list[float]: ...
+    def report(self) -> dict[str, Any]: ...
 
-    def agree(self, rows: list[list[float]]) -> None: ...
+    def agree(self, agreed: Agreement) -> None: ...
 
 
 class Metrics:
@@ -78,7 +65,6 @@ class Metrics:
         self.settings, self.device, self.info, self.faults = settings, device, info, faults
         self.parties: list[Agreeing] = [faults, *also_agreeing]  # what the window's exchange carries
         self.environment = environment  # the pre-flight fingerprint (preflight.py)
-        self.merged: dict[str, Any] = {}
         self.log_every, self.warmup_steps = trainer.log_every_n_steps, trainer.warmup_steps
         self.losses = settings.mode != Mode.loader  # mode=loader's stand-in model has no loss worth showing
         self.meter = StepMeter(trainer.warmup_steps)
@@ -165,33 +151,37 @@ class Metrics:
             self.monitor.reset_summary()  # a warm-up window just ended: resource means cover the steady state only
         if window is not None:
             values.update(self.pipeline.close_window(window.seconds, steady))
-        perf = [window.images_per_sec, window.data_wait_frac, window.step_time_ms] if steady else [0.0] * 3
-        self._exchange([*perf, values.get("gpu/util_pct", -1.0)])  # the window's one exchange, and its agreements
-        merged = self.merged
-        values["data/skipped_samples"] = self.faults.progress.skipped_samples
-        if self.faults.progress.nonfinite_steps:
-            values["train/nonfinite_steps"] = self.faults.progress.nonfinite_steps
+        perf = {"gpu_util_pct": values.get("gpu/util_pct", -1.0)}
+        if steady:  # a warm-up window sends zeros: the merged figures are read for steady windows only
+            perf |= {"images_per_sec": window.images_per_sec, "data_wait_frac": window.data_wait_frac}
+            perf["step_time_ms"] = window.step_time_ms
+        agreed = self._exchange(perf)  # the window's one exchange, and its agreements
+        counts = self.faults.counts
+        values["data/skipped_samples"] = counts.skipped_samples
+        if counts.nonfinite_steps:
+            values["train/nonfinite_steps"] = counts.nonfinite_steps
         if steady:
             keys = ("images_per_sec", "data_wait_frac", "step_time_ms")
-            values.update({f"perf/{key}": merged[key] for key in keys})
+            values.update({f"perf/{key}": getattr(agreed, key) for key in keys})
             if self.info.world_size > 1:
-                values["perf/data_wait_frac_max"] = merged["data_wait_frac_max"]
+                values["perf/data_wait_frac_max"] = agreed.data_wait_frac_max
         if self.info.world_size > 1:
-            values.update({f"gpu/util_pct/rank{r}": u for r, u in enumerate(merged["gpu_util_per_rank"]) if u})
+            values.update({f"gpu/util_pct/rank{r}": u for r, u in enumerate(agreed.gpu_util_per_rank) if u})
         self.tb.log(values, step)
         update_progress(self.bar, values, step)
         self.sums.zero_()
         self.meter.start_window()
 
-    def _exchange(self, perf: list[float]) -> None:
-        """One CPU exchange: every rank's perf figures and each party's `local()` values; each party then
-        `agree`s on every rank's values (faults: stop signal, unreadable files, NaN; checkpointer: the clock)."""
-        local = [party.local() for party in self.parties]
-        self.merged, rows = across_ranks(perf, [value for values in local for value in values])
-        start = 0
-        for party, values in zip(self.parties, local, strict=True):
-            party.agree([row[start : start + len(values)] for row in rows])
-            start += len(values)
+    def _exchange(self, perf: dict[str, float]) -> Agreement:
+        """One CPU exchange of every rank's `WindowReport`: its perf figures and each party's fields; each party
+        then acts on the `Agreement` (faults: stop signal, unreadable files, NaN; checkpointer: clock, write)."""
+        fields = dict(perf)
+        for party in self.parties:
+            fields.update(party.report())
+        agreed = exchange(WindowReport(**fields))
+        for party in self.parties:
+            party.agree(agreed)
+        return agreed
 
     # ------------------------------------------------------------------ the end of the run
     def local_input_load(self) -> tuple[float | None, float]:
@@ -215,26 +205,30 @@ class Metrics:
         perf, resources = self.meter.summary(), self.monitor.summary()
         measured = perf["images_per_sec"] is not None
         util = resources.get("gpu_util_mean")
-        merged, _ = across_ranks(
-            [perf["images_per_sec"] or 0.0, perf["data_wait_frac"] or 0.0, 0.0, -1.0 if util is None else util]
+        merged = exchange(
+            WindowReport(
+                images_per_sec=perf["images_per_sec"] or 0.0,
+                data_wait_frac=perf["data_wait_frac"] or 0.0,
+                gpu_util_pct=-1.0 if util is None else util,
+            )
         )
-        device, info, settings, val = self.device, self.info, self.settings, progress.val
+        device, info, settings, val, counts = self.device, self.info, self.settings, progress.val, self.faults.counts
         unmeasured = (progress.step - self.start_step, self.warmup_steps)
         cuda = device.type == "cuda"
         return {
             "status": "ok",
             "mode": settings.mode,
-            "images_per_sec": merged["images_per_sec"] if measured else None,
+            "images_per_sec": merged.images_per_sec if measured else None,
             "images_per_sec_note": None if measured else why_not_measured(*unmeasured),
             "images_per_sec_per_process": perf["images_per_sec"],
             "images_per_sec_median": perf.get("images_per_sec_median"),
             "images_per_sec_windows": perf["windows"],
-            "data_wait_frac": merged["data_wait_frac"] if measured else None,
-            "data_wait_frac_max": merged["data_wait_frac_max"] if measured else None,
+            "data_wait_frac": merged.data_wait_frac if measured else None,
+            "data_wait_frac_max": merged.data_wait_frac_max if measured else None,
             "step_time_ms": perf["step_time_ms"],
             "measured_steps": perf.get("measured_steps", 0),
             "gpu_util_mean": util,
-            "gpu_util_mean_per_rank": merged["gpu_util_per_rank"],
+            "gpu_util_mean_per_rank": merged.gpu_util_per_rank,
             "gpu_mem_used_max_gb": resources.get("gpu_mem_used_max_gb"),
             "gpu_mem_peak_gb": torch.cuda.max_memory_allocated(device) / 1e9 if cuda else None,
             "cpu_pct_mean": resources.get("cpu_pct_mean"),
@@ -248,13 +242,13 @@ class Metrics:
             "val_count": val.get("val_count"),
             "best_val_acc": progress.best_val_acc,
             "steps": progress.step,
-            "skipped_samples": progress.skipped_samples,  # unreadable reads: a file read in 3 epochs counts 3 times
-            "unreadable_files_count": len(progress.unreadable_files),  # distinct files
+            "skipped_samples": counts.skipped_samples,  # unreadable reads: a file read in 3 epochs counts 3 times
+            "unreadable_files_count": len(counts.unreadable_files),  # distinct files
             "unreadable_files": [
                 {"path": path, "reason": reason}
-                for path, reason in list(progress.unreadable_files.items())[:UNREADABLE_LISTED]
+                for path, reason in list(counts.unreadable_files.items())[:UNREADABLE_LISTED]
             ],
-            "nonfinite_steps": progress.nonfinite_steps,
+            "nonfinite_steps": counts.nonfinite_steps,
             "wall_time_s": wall_time_s,
             "profile_trace": profile_trace,
             "loader": loader_args["train"],
