@@ -34,7 +34,7 @@ shards: $(STAMP) ## Pack an image folder into shards: make shards SRC=<image fol
 	@test -n "$(SRC)" -a -n "$(DST)" || { echo "usage: make shards SRC=<image folder> DST=<directory or s3://bucket/prefix> [ARGS='--shard-mb 64']"; exit 2; }
 	$(BIN)/imgtrain-shards "$(SRC)" "$(DST)" $(ARGS)
 
-bench: $(STAMP) ## The benchmark harness (~35 min on 2 CPUs; the checkpoint section is 16, breakdown 10): JSON in benchmarks/results/, report appended to BENCHMARKS.md
+bench: $(STAMP) ## The benchmark harness (~40 min on 2 CPUs; the checkpoint section is 16, breakdown 10): JSON in benchmarks/results/, report appended to BENCHMARKS.md
 	$(BIN)/python benchmarks/bench.py $(ARGS)
 
 bench-quick: $(STAMP) ## The harness's smoke test: every path, few steps, report to a temporary directory

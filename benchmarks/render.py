@@ -137,6 +137,14 @@ def _overhead(result: dict) -> list[str]:
             f"**Medians: train.py {_rate(result['train_py_median'])} img/s, bare loop "
             f"{_rate(result['bare_loop_median'])} img/s: overhead {result['overhead']:+.1%}** (target: 3% or less).",
         ]
+    if "overhead_pairs" in result:
+        pairs = result["overhead_pairs"]
+        lines += [
+            "",
+            f"Per interleaved pair (1 - train.py / bare loop): {', '.join(f'{p:+.1%}' for p in pairs)}; "
+            f"median {result['overhead_pairs_median']:+.1%}, range {min(pairs):+.1%} to {max(pairs):+.1%}; "
+            f"{result['pairs_favouring_bare']} of {len(pairs)} pairs favour the bare loop.",
+        ]
     return lines
 
 

@@ -1,4 +1,4 @@
-"""The update: optimiser (fused on CUDA), the warmup-then-cosine LR schedule, the loss scaler, and autocast."""
+"""The update: optimiser (fused), the warmup-then-cosine LR schedule, the loss scaler, and autocast."""
 
 from __future__ import annotations
 
@@ -104,12 +104,13 @@ def build_step(
     settings: Config, base: nn.Module, device: torch.device, precision: Precision, steps: tuple[int, int]
 ) -> Step:
     """Optimiser, LR schedule and scaler for `base`'s parameters; `steps` is (steps per epoch, total steps)."""
-    cuda = device.type == "cuda"
-    # fused=True on CUDA: one kernel for the whole update instead of a few per parameter tensor (AdamW on
-    # ResNet-18 at 32 px on an H100: 30.8k -> 47.8k img/s in a bare loop, BENCHMARKS.md).
-    fused = {"fused": True} if cuda else {}
+    # fused=True: one kernel for the whole update instead of a few per parameter tensor, with no temporaries.
+    # On an H100, AdamW on ResNet-18 at 32 px: 30.8k -> 47.8k img/s in a bare loop. On CPU (2 cores), the
+    # single-tensor AdamW's two full-size temporaries per tensor page-fault on every step, as much as glibc's heap
+    # state decides: train.py went from 575 to 750 img/s and its gap to the bare loop from 5-11% to ~3%
+    # (BENCHMARKS.md, 2026-11-24).
     params = param_groups(base, settings.optim.weight_decay)
-    optimizer = instantiate(settings.optim, params=params, _convert_="all", **fused)
+    optimizer = instantiate(settings.optim, params=params, _convert_="all", fused=True)
     steps_per_epoch, total_steps = steps
     warmup = round(settings.trainer.lr_warmup_epochs * steps_per_epoch)
     return Step(
