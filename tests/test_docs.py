@@ -8,6 +8,7 @@ import re
 from helpers import ROOT
 
 from imgtrain.config import AUTO, DataConfig
+from imgtrain.metrics.summary import FIELDS
 
 README = (ROOT / "README.md").read_text()
 
@@ -32,7 +33,7 @@ def _table_after(heading: str) -> dict[str, str]:
                 break
             continue
         cells = [cell.strip() for cell in line.strip("|").split("|")]
-        if cells[0] not in ("key", "---"):
+        if cells[0] not in ("key", "field", "---"):
             rows[cells[0].strip("`")] = cells[1].strip("`")
     return rows
 
@@ -56,3 +57,8 @@ def test_source_comments_cite_only_documents_in_the_repository() -> None:
     for path in (ROOT / "src").rglob("*.py"):
         for cited in re.findall(r"\bdocs/[\w./-]*\w", path.read_text()):
             assert (ROOT / cited).exists() or (ROOT / f"{cited}.md").exists(), f"{path}: cites {cited}"
+
+
+def test_the_metrics_json_table_lists_every_field_in_order() -> None:
+    table = _table_after("**`metrics.json`.** Every field")
+    assert list(table) == list(FIELDS)

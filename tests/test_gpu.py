@@ -253,8 +253,8 @@ def _capture_resumed_step(monkeypatch: pytest.MonkeyPatch) -> list:
         seen.append(("payload", found[1] if found else None))
         return found
 
-    def resume(self: Checkpointer):
-        progress = real_resume(self)
+    def resume(self: Checkpointer, replicas: int = 1):
+        progress = real_resume(self, replicas)
         step = self.step_state
         seen.extend([("step", step), ("scaler", step.scaler.state_dict())])  # before training goes on
         return progress

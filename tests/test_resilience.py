@@ -136,10 +136,10 @@ def test_device_resident_training_resumes_exactly(tmp_path: Path, monkeypatch: p
     _train(tmp_path / "straight", *args)
     real_step = Checkpointer.step
 
-    def signal_after_step_5(self: Checkpointer, progress) -> None:
-        if progress.step == 5:
+    def signal_after_step_5(self: Checkpointer) -> None:
+        if self.progress.step == 5:
             os.kill(os.getpid(), signal.SIGTERM)  # recorded by the run's handler; one process acts on it at once
-        real_step(self, progress)
+        real_step(self)
 
     monkeypatch.setattr(Checkpointer, "step", signal_after_step_5)
     with pytest.raises(Preempted):

@@ -1,5 +1,6 @@
-"""Imports flow one way (config -> dist -> data/model -> metrics/checkpoint -> loop -> run): no cycle between
-imgtrain's modules, counting `from imgtrain.pkg import x` as an import of the package (its __init__) too."""
+"""The code's shape (issue 19): imports flow one way (config -> dist -> data/model -> metrics/checkpoint -> loop
+-> run), with no cycle between imgtrain's modules, counting `from imgtrain.pkg import x` as an import of the
+package (its __init__) too; and no function over 60 lines."""
 
 from __future__ import annotations
 
@@ -46,3 +47,17 @@ def test_no_import_cycle_between_imgtrain_modules() -> None:
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
+
+
+MAX_FUNCTION_LINES = 60  # DEVELOPERS.md: functions under about 60 lines
+
+
+def test_no_function_in_src_is_over_60_lines() -> None:
+    long = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name}: {lines} lines")
+    assert not long, long

@@ -10,6 +10,7 @@ from helpers import FAST, read_metrics, run_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from imgtrain.metrics import memory
+from imgtrain.metrics.summary import FIELDS
 
 EXPECTED_TAGS = {
     "train/loss",
@@ -61,6 +62,7 @@ def test_effective_loader_args_are_logged_and_saved(smoke_run) -> None:
 def test_metrics_json_holds_the_final_summary(smoke_run) -> None:
     run_dir, _ = smoke_run
     metrics = read_metrics(run_dir)
+    assert list(metrics) == list(FIELDS)  # exactly metrics.summary.RunSummary's fields, in its order
     assert metrics["status"] == "ok"
     assert metrics["images_per_sec"] > 0
     assert 0.0 <= metrics["data_wait_frac"] <= 1.0

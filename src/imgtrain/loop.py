@@ -97,8 +97,11 @@ class EpochBatches:
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> EpochBatches:
-        loader_batches = self._stack.enter_context(workers_stopped_on_error(iter(self.loader)))
+        loader_batches = iter(self.loader)  # the workers start (PyTorch sets its SIGCHLD handler the first time)
         self._stack.enter_context(worker_deaths_found_at_next_batch())
+        # Entered last, so it leaves first: after an error the workers stop while SIGCHLD is still quiet, not
+        # under PyTorch's handler, which would raise a second error (a traceback) from inside their shutdown.
+        loader_batches = self._stack.enter_context(workers_stopped_on_error(loader_batches))
         self.batches = self._stack.enter_context(self.feed.batches(loader_batches, self.split))
         return self
 
@@ -200,8 +203,9 @@ def fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mo
             stop = train_one_epoch(
                 model, batches, step, parts.faults, parts.metrics, parts.checkpointer, progress, parts.profiler
             )
-        parts.metrics.end_epoch(progress.step)  # the epoch's last, partial window: it may agree on a stop too
-        stop = stop or parts.faults.stop()
+        if stop is None:  # a stopped epoch leaves its partial window unlogged: the resumed run logs it whole
+            parts.metrics.end_epoch(progress.step)  # the epoch's last, partial window: it may agree on a stop too
+            stop = parts.faults.stop()
         if stop:
             raise parts.checkpointer.stopped(stop)  # saved unless a NaN reached the weights; one line, exit code
         if mode == Mode.train:

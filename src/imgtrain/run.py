@@ -147,18 +147,9 @@ def _train_locked(
     if progress.step >= total_steps and finished.exists():
         log.info("this run already finished at step %d: %s is kept as it is", progress.step, finished)
         return json.loads(finished.read_text())
-    workers = data.loader_args["train"]["num_workers"]
-    pipeline = PipelineMeter(workers, data.feed.copy_timer)
-    metrics = Metrics(
-        settings,
-        device,
-        info,
-        out_dir,
-        faults,
-        also_agreeing=[checkpointer],
-        pipeline=pipeline,
-        environment=environment,
-    )
+    pipeline = PipelineMeter(data.loader_args["train"]["num_workers"], data.feed.copy_timer)
+    agreeing = {"also_agreeing": [checkpointer], "pipeline": pipeline, "environment": environment}
+    metrics = Metrics(settings, device, info, out_dir, faults, **agreeing)
     profiler = Profiler(trainer, device, info, out_dir, steps_left=total_steps - progress.step)
     parts = Components(faults, metrics, checkpointer, progress, profiler)
     lr = lambda: step.scheduler.get_last_lr()[0]  # noqa: E731

@@ -156,13 +156,7 @@ def plan_loader(
     if workers > 0:
         kwargs["prefetch_factor"] = data.prefetch_factor
         kwargs["persistent_workers"] = data.persistent_workers
-        method = data.multiprocessing_context
-        if method is None and process_group and FORKSERVER in multiprocessing.get_all_start_methods():
-            method = FORKSERVER
-            notes.append(f"data.multiprocessing_context=null -> {FORKSERVER} under a process group (fork can hang)")
-        if method == FORKSERVER:
-            start_forkserver()
-        kwargs["multiprocessing_context"] = None if method is None else str(method)
+        kwargs["multiprocessing_context"] = _start_method(data, process_group, notes)
     else:
         ignored = _worker_only_settings(data)
         if ignored:
@@ -183,6 +177,17 @@ def plan_loader(
         prefetch_to_device=data.prefetch_to_device and kwargs["pin_memory"] and not (data.device_resident and train),
         stage_timings=data.stage_timings,
     )
+
+
+def _start_method(data: DataConfig, process_group: bool, notes: list[str]) -> str | None:
+    """How workers start: data.multiprocessing_context, or forkserver under a process group (see FORKSERVER)."""
+    method = data.multiprocessing_context
+    if method is None and process_group and FORKSERVER in multiprocessing.get_all_start_methods():
+        method = FORKSERVER
+        notes.append(f"data.multiprocessing_context=null -> {FORKSERVER} under a process group (fork can hang)")
+    if method == FORKSERVER:
+        start_forkserver()
+    return None if method is None else str(method)
 
 
 def _worker_only_settings(data: DataConfig) -> list[str]:

@@ -10,6 +10,7 @@ NaN step) and the checkpointer's (its clock, a failed write).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +33,7 @@ from imgtrain.metrics.report import (
     verdict,
     why_not_measured,
 )
+from imgtrain.metrics.summary import RunSummary
 from imgtrain.metrics.tensorboard import MetricsLogger, hparam_metrics, hparams
 from imgtrain.metrics.windows import StepMeter
 
@@ -199,68 +201,68 @@ class Metrics:
         compute_images_per_sec: float | None = None,
         profile_trace: str | None = None,
     ) -> dict[str, Any]:
-        """The run's final figures, reduced over ranks (every rank must call it); `profile_trace`: rank 0's
-        trace of trainer.profile=true, if written."""
+        """The run's final figures (`summary.RunSummary`, as a dict), reduced over ranks (every rank must call
+        it); `profile_trace`: rank 0's trace of trainer.profile=true, if written."""
         self.faults.merge_unreadable()
         perf, resources = self.meter.summary(), self.monitor.summary()
-        measured = perf["images_per_sec"] is not None
-        util = resources.get("gpu_util_mean")
-        merged = exchange(
-            WindowReport(
-                images_per_sec=perf["images_per_sec"] or 0.0,
-                data_wait_frac=perf["data_wait_frac"] or 0.0,
-                gpu_util_pct=-1.0 if util is None else util,
-            )
+        measured, util = perf["images_per_sec"] is not None, resources.get("gpu_util_mean")
+        mine = {"images_per_sec": perf["images_per_sec"] or 0.0, "data_wait_frac": perf["data_wait_frac"] or 0.0}
+        merged = exchange(WindowReport(**mine, gpu_util_pct=-1.0 if util is None else util))
+        val, counts, cuda = progress.val, self.faults.counts, self.device.type == "cuda"
+        unreadable = list(counts.unreadable_files.items())[:UNREADABLE_LISTED]
+        summary = RunSummary(
+            status="ok",
+            mode=self.settings.mode,
+            images_per_sec=merged.images_per_sec if measured else None,
+            images_per_sec_note=None
+            if measured
+            else why_not_measured(progress.step - self.start_step, self.warmup_steps),
+            images_per_sec_per_process=perf["images_per_sec"],
+            images_per_sec_median=perf.get("images_per_sec_median"),
+            images_per_sec_windows=perf["windows"],
+            data_wait_frac=merged.data_wait_frac if measured else None,
+            data_wait_frac_max=merged.data_wait_frac_max if measured else None,
+            step_time_ms=perf["step_time_ms"],
+            measured_steps=perf.get("measured_steps", 0),
+            gpu_util_mean=util,
+            gpu_util_mean_per_rank=merged.gpu_util_per_rank,
+            gpu_mem_used_max_gb=resources.get("gpu_mem_used_max_gb"),
+            gpu_mem_peak_gb=torch.cuda.max_memory_allocated(self.device) / 1e9 if cuda else None,
+            cpu_pct_mean=resources.get("cpu_pct_mean"),
+            proc_cpu_pct_mean=resources.get("proc_cpu_pct_mean"),
+            rss_peak_gb=resources.get("rss_peak_gb"),
+            pss_peak_gb=resources.get("pss_peak_gb"),
+            pipeline=self.pipeline.summary(compute_images_per_sec),
+            tune=loader_args.get("tune"),
+            val_acc=val.get("val_acc"),
+            val_loss=val.get("val_loss"),
+            val_count=val.get("val_count"),
+            best_val_acc=progress.best_val_acc,
+            steps=progress.step,
+            skipped_samples=counts.skipped_samples,
+            unreadable_files_count=len(counts.unreadable_files),
+            unreadable_files=[{"path": path, "reason": reason} for path, reason in unreadable],
+            nonfinite_steps=counts.nonfinite_steps,
+            wall_time_s=wall_time_s,
+            profile_trace=profile_trace,
+            **self._setup(loader_args, precision),
         )
-        device, info, settings, val, counts = self.device, self.info, self.settings, progress.val, self.faults.counts
-        unmeasured = (progress.step - self.start_step, self.warmup_steps)
-        cuda = device.type == "cuda"
+        return dataclasses.asdict(summary)
+
+    def _setup(self, loader_args: dict, precision: str) -> dict[str, Any]:
+        """What the run ran with: the summary's fields from `loader` to `environment`."""
+        device, info, settings = self.device, self.info, self.settings
         return {
-            "status": "ok",
-            "mode": settings.mode,
-            "images_per_sec": merged.images_per_sec if measured else None,
-            "images_per_sec_note": None if measured else why_not_measured(*unmeasured),
-            "images_per_sec_per_process": perf["images_per_sec"],
-            "images_per_sec_median": perf.get("images_per_sec_median"),
-            "images_per_sec_windows": perf["windows"],
-            "data_wait_frac": merged.data_wait_frac if measured else None,
-            "data_wait_frac_max": merged.data_wait_frac_max if measured else None,
-            "step_time_ms": perf["step_time_ms"],
-            "measured_steps": perf.get("measured_steps", 0),
-            "gpu_util_mean": util,
-            "gpu_util_mean_per_rank": merged.gpu_util_per_rank,
-            "gpu_mem_used_max_gb": resources.get("gpu_mem_used_max_gb"),
-            "gpu_mem_peak_gb": torch.cuda.max_memory_allocated(device) / 1e9 if cuda else None,
-            "cpu_pct_mean": resources.get("cpu_pct_mean"),
-            "proc_cpu_pct_mean": resources.get("proc_cpu_pct_mean"),
-            "rss_peak_gb": resources.get("rss_peak_gb"),
-            "pss_peak_gb": resources.get("pss_peak_gb"),  # shared pages counted once; null without PSS (non-Linux)
-            "pipeline": self.pipeline.summary(compute_images_per_sec),
-            "tune": loader_args.get("tune"),
-            "val_acc": val.get("val_acc"),
-            "val_loss": val.get("val_loss"),
-            "val_count": val.get("val_count"),
-            "best_val_acc": progress.best_val_acc,
-            "steps": progress.step,
-            "skipped_samples": counts.skipped_samples,  # unreadable reads: a file read in 3 epochs counts 3 times
-            "unreadable_files_count": len(counts.unreadable_files),  # distinct files
-            "unreadable_files": [
-                {"path": path, "reason": reason}
-                for path, reason in list(counts.unreadable_files.items())[:UNREADABLE_LISTED]
-            ],
-            "nonfinite_steps": counts.nonfinite_steps,
-            "wall_time_s": wall_time_s,
-            "profile_trace": profile_trace,
             "loader": loader_args["train"],
             "loader_val": loader_args["val"],
             "batch_size_global": loader_args["train"]["batch_size"] * info.world_size,
             "world_size": info.world_size,
             "local_world_size": info.local_world_size,
             "device": str(device),
-            "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "precision": precision,
             "dataset": settings.dataset.name,
-            "dataset_root": getattr(settings.dataset, "root", None),  # what a read-bound verdict names
+            "dataset_root": getattr(settings.dataset, "root", None),
             "model": settings.model.arch,
             "torch_version": torch.__version__,
             "torchvision_version": torchvision.__version__,

@@ -1,0 +1,64 @@
+"""`metrics.json`: the typed definition of a run's final figures. README.md's table of its fields lists these
+fields in this order (tests/test_docs.py checks it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass
+class RunSummary:
+    """A train, loader or compute run's final figures, reduced over ranks; rank 0 writes it as metrics.json."""
+
+    status: str  # "ok" (a failed run writes failed.json instead)
+    mode: str  # train, loader or compute
+    images_per_sec: float | None  # steady state, summed over ranks; None when too few steps were measured
+    images_per_sec_note: str | None  # why images_per_sec is None
+    images_per_sec_per_process: float | None
+    images_per_sec_median: float | None  # the median window's, this process
+    images_per_sec_windows: list[float]  # each steady window's, this process
+    data_wait_frac: float | None  # share of step time waiting for a batch, mean over ranks
+    data_wait_frac_max: float | None  # the slowest rank's
+    step_time_ms: float | None
+    measured_steps: int  # steps in the steady state (after trainer.warmup_steps)
+    gpu_util_mean: float | None  # NVML, %
+    gpu_util_mean_per_rank: list[float | None]
+    gpu_mem_used_max_gb: float | None  # NVML, device-wide
+    gpu_mem_peak_gb: float | None  # torch.cuda.max_memory_allocated
+    cpu_pct_mean: float | None  # the system's
+    proc_cpu_pct_mean: float | None  # this process and its workers, % of all CPUs
+    rss_peak_gb: float | None  # this process and its workers
+    pss_peak_gb: float | None  # shared pages counted once; None without PSS (non-Linux)
+    pipeline: dict[str, Any]  # the input stages: ms per image, loading busy, the ceilings, input_stage
+    tune: dict[str, Any] | None  # data.num_workers=tune: the probe's measurements and choice
+    val_acc: float | None
+    val_loss: float | None
+    val_count: int | None
+    best_val_acc: float | None
+    steps: int
+    skipped_samples: int  # unreadable reads: a file read in 3 epochs counts 3 times
+    unreadable_files_count: int  # distinct files
+    unreadable_files: list[dict[str, str]]  # the first UNREADABLE_LISTED: path and reason
+    nonfinite_steps: int
+    wall_time_s: float
+    profile_trace: str | None  # trainer.profile=true: rank 0's trace
+    loader: dict[str, Any]  # the effective training DataLoader arguments
+    loader_val: dict[str, Any]
+    batch_size_global: int
+    world_size: int
+    local_world_size: int
+    device: str
+    device_name: str
+    precision: str
+    dataset: str
+    dataset_root: str | None  # what a read-bound verdict names
+    model: str
+    torch_version: str
+    torchvision_version: str
+    cpu_count: int  # CPUs available to this process
+    environment: dict[str, Any] | None  # the pre-flight fingerprint (preflight.py)
+    verdict: str | None = None  # what bounds the run (metrics/report.py), added at the end
+
+
+FIELDS = tuple(field.name for field in fields(RunSummary))
