@@ -92,7 +92,7 @@ class Checkpointer:
             return
         self.faults.read_nan_step()
         if not self.faults.stop():
-            self.save()
+            self.save(nan_read=True)
 
     def stopped(self, stop: Stop) -> BaseException:
         """Act on an agreed stop at a step boundary: save what may be saved (never weights a NaN loss has reached)
@@ -103,7 +103,7 @@ class Checkpointer:
             return self.faults.nonfinite_error(self.progress.epoch, self.settled_checkpoint())
         if stop.reason == StopReason.WRITE_FAILED:
             return self._write_failure()
-        where = self.save_and_wait()
+        where = self.save_and_wait(nan_read=True)
         if stop.reason == StopReason.BAD_DATA:
             return self.faults.bad.error(where)
         name, step = signal.Signals(stop.signum).name, self.progress.step
@@ -123,9 +123,10 @@ class Checkpointer:
         elif improved or self.due or self.every_s is None:
             self.save(best=improved)
 
-    def save(self, best: bool = False, wait: bool = False) -> str:
+    def save(self, best: bool = False, wait: bool = False, nan_read: bool = False) -> str:
         """Start writing last.pt (rank 0), never with weights a NaN loss has reached; a sentence saying where."""
-        self.faults.before_save(self.settled_checkpoint, self.progress.epoch)
+        if not nan_read:  # `nan_read`: the caller has just agreed on the NaN step (one sync and exchange, not two)
+            self.faults.before_save(self.settled_checkpoint, self.progress.epoch)
         self.faults.merge_unreadable()  # every rank's distinct unreadable files, into the saved progress
         self.due, self.last_save = False, time.monotonic()
         if not self.writes:
@@ -134,10 +135,10 @@ class Checkpointer:
             self._start_write(best, wait)
         return f"The last checkpoint is {self.store.last} (step {self.progress.step})."
 
-    def save_and_wait(self, best: bool = False) -> str:
+    def save_and_wait(self, best: bool = False, nan_read: bool = False) -> str:
         """Save and wait until it is on disk; every rank learns the outcome from rank 0 (so torchrun does not
         kill rank 0 mid-write, and a failed write stops every rank with the same line)."""
-        where = self.save(best=best, wait=True)
+        where = self.save(best=best, wait=True, nan_read=nan_read)
         failure = str(self._write_failure()) if self.store.enabled and self.writer.failure is not None else None
         failure = dist.broadcast_object(failure, self.info)
         if failure:

@@ -1,4 +1,5 @@
-"""A wrapper used for BENCHMARKS.md 2026-11-24 (overhead): see results.md in this folder for the command."""
+"""Garbage-collection time of a script's run, printed at exit: `python gc_stats.py <script> [its arguments]`
+(BENCHMARKS.md 2026-11-24, overhead; results.md has the commands)."""
 
 import atexit
 import gc
@@ -29,5 +30,6 @@ atexit.register(
         file=sys.stderr,
     )
 )
-sys.argv[0] = "train.py"
-runpy.run_path("train.py", run_name="__main__")
+script = sys.argv.pop(1)  # train.py or benchmarks/bare_loop.py; the rest of argv is its arguments
+sys.argv[0] = script
+runpy.run_path(script, run_name="__main__")
