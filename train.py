@@ -5,7 +5,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from imgtrain.cli import escalate_errors, register, run_guarded
+from imgtrain.cli import one_line_errors, register, run_guarded
 from imgtrain.run import run
 
 register()
@@ -14,7 +14,7 @@ register()
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     """Train with the composed config; return the metric a sweeper optimises."""
-    with escalate_errors():  # one `error:` line for bad input, without Hydra's "Error executing job" line
+    with one_line_errors():  # bad input or a failure: one `error:` line and its exit status
         return run(cfg)
 
 

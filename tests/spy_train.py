@@ -8,7 +8,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from imgtrain.cli import escalate_errors, register, run_guarded
+from imgtrain.cli import one_line_errors, register, run_guarded
 from imgtrain.data.shards.dataset import ShardSplit
 from imgtrain.run import run
 
@@ -31,7 +31,7 @@ register()
 
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
 def main(cfg: DictConfig) -> float:
-    with escalate_errors():
+    with one_line_errors():
         return run(cfg)
 
 

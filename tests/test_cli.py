@@ -13,8 +13,8 @@ from helpers import compose_cfg, run_train
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from imgtrain import cli
 from imgtrain.cli import one_line
+from imgtrain.errors import is_bad_input
 from imgtrain.run import run
 
 
@@ -78,7 +78,7 @@ def test_bad_input_is_one_clear_line(override: str, expected: str, tmp_path: Pat
     line = one_line(caught.value)
     assert expected in line and "\n" not in line, line
     assert line.count(expected) == 1  # said once, not repeated by a wrapping exception
-    assert not cli._is_run_failure(caught.value)  # bad input: exit status 2, not 1
+    assert is_bad_input(caught.value)  # exit status 2, not 1
     # Nothing that looks like a finished run: no metrics, no checkpoints, no TensorBoard events.
     for leftover in ("metrics.json", "checkpoints", "tb"):
         assert not (run_dir / leftover).exists(), leftover

@@ -215,5 +215,6 @@ def test_agreement_merges_every_ranks_report_and_survives_the_float_exchange() -
 
 
 def test_preempted_exit_code_follows_the_shell_convention() -> None:
-    assert Preempted(signal.SIGTERM, "x").exit_code == 143
-    assert Preempted(signal.SIGUSR1, "x").exit_code == 138
+    assert Preempted(signal.SIGTERM, "x").code == 143
+    assert Preempted(signal.SIGUSR1, "x").code == 138
+    assert Preempted(signal.SIGINT, "x").line == "stopped: x"

@@ -1,4 +1,4 @@
-"""Error presentation for the command line: bad input gets one clear line, not a traceback."""
+"""Error presentation for the command line: every early end is one line on stderr and an exit status."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 
 from hydra.errors import HydraException
@@ -13,9 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from imgtrain.config import register_configs
 from imgtrain.dist import register_resolvers
-from imgtrain.errors import ConfigError, RunError
-from imgtrain.faults import Preempted
-from imgtrain.rundir import Refused
+from imgtrain.errors import EXIT_BAD_INPUT, RunEnded, RunError
 
 # Lines of OmegaConf/Hydra messages that repeat what the first line says, or point at internals.
 _NOISE = (
@@ -67,22 +66,15 @@ def one_line(error: BaseException) -> str:
     return text
 
 
-def _is_run_failure(error: BaseException) -> bool:
-    """A failure during training (exit status 1), as opposed to bad input (status 2)."""
-    inner: BaseException | None = error
-    while inner is not None:
-        if isinstance(inner, RunError):
-            return not isinstance(inner, ConfigError)
-        inner = inner.__cause__
-    return False
-
-
-class _Escalated(BaseException):
-    """Carries an error out of the task function past Hydra's "Error executing job" report (it catches Exception)."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """Wrap the task function's body: an error with a one-line message (Hydra's, OmegaConf's, our RunError)
+    leaves as `RunEnded`, past Hydra's "Error executing job" report. Other exceptions are bugs: they keep their
+    traceback."""
+    try:
+        yield
+    except (HydraException, OmegaConfBaseException) as error:
+        raise RunEnded.from_error(error, one_line(error)) from error
 
 
 _OUTSIDE_TRAINING = (
@@ -90,61 +82,34 @@ _OUTSIDE_TRAINING = (
     "command again to start, or to resume from the last checkpoint"
 )
 
-_guarded = False  # run_guarded is in charge of printing errors (the user did not ask for HYDRA_FULL_ERROR)
-
-
-@contextlib.contextmanager
-def escalate_errors() -> Iterator[None]:
-    """Wrap the task function's body: errors with a one-line message reach run_guarded without Hydra's extra line."""
-    try:
-        yield
-    except (HydraException, OmegaConfBaseException) as error:
-        if not _guarded:
-            raise
-        raise _Escalated(error) from error
-
 
 def run_guarded(main: Callable[[], object]) -> int:
-    """Run a `@hydra.main` function; errors the user can act on print one line to stderr.
+    """Run a `@hydra.main` function and return its exit status (`errors` lists them); every early end prints
+    one line to stderr: a `RunEnded`, a Ctrl-C outside the training loop, or a composition error.
 
-    Exit status: 2 for bad input (config, paths), 1 for a failure during training (bad data, NaN loss, a
-    DataLoader crash), 128 + N after stop signal N (checkpoint saved; schedulers treat it as requeue-able; Ctrl-C
-    is SIGINT: 130).
-    HYDRA_FULL_ERROR=1 (set by the user) keeps Hydra's full traceback, as Hydra documents.
+    Hydra reports composition errors (an unknown key, a bad option, a value of the wrong type) itself, before
+    any task code runs, in several lines with exit status 1, unless HYDRA_FULL_ERROR=1: its documented switch
+    to re-raise them. So it is set while Hydra runs, and restored after. A user who sets it gets the Python
+    traceback of every error as well, as Hydra documents.
     """
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        try:
-            main()
-        except Preempted as stop:
-            print(f"stopped: {stop}", file=sys.stderr, flush=True)
-            return stop.exit_code
-        except KeyboardInterrupt:
-            print(f"stopped: {_OUTSIDE_TRAINING}", file=sys.stderr, flush=True)
-            return 128 + signal.SIGINT
-        except Refused as refused:
-            print(f"error: {refused.error}", file=sys.stderr, flush=True)
-            return 2 if isinstance(refused.error, ConfigError) else 1
-        return 0
-    # Ask Hydra to re-raise instead of printing its own multi-line report, so it can be shortened here.
-    global _guarded
+    traceback_asked = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
-    _guarded = True
     try:
         main()
-    except Preempted as stop:
-        print(f"stopped: {stop}", file=sys.stderr, flush=True)
-        return stop.exit_code
+    except RunEnded as ended:
+        if traceback_asked and ended.__cause__ is not None:
+            traceback.print_exception(ended.__cause__)
+        print(ended.line, file=sys.stderr, flush=True)
+        return int(ended.code)
     except KeyboardInterrupt:  # Ctrl-C before or after the training loop, where the stop handler is not installed
         print(f"stopped: {_OUTSIDE_TRAINING}", file=sys.stderr, flush=True)
         return 128 + signal.SIGINT
-    except Refused as refused:  # the run directory's lock, taken before the job starts (rundir.LockRunDir)
-        print(f"error: {refused.error}", file=sys.stderr, flush=True)
-        return 2 if isinstance(refused.error, ConfigError) else 1
-    except (_Escalated, HydraException, OmegaConfBaseException) as caught:
-        error = caught.error if isinstance(caught, _Escalated) else caught
+    except (HydraException, OmegaConfBaseException) as error:  # composing the config, before the task function
+        if traceback_asked:
+            raise
         print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
-        return 1 if _is_run_failure(error) else 2
+        return EXIT_BAD_INPUT
     finally:
-        os.environ.pop("HYDRA_FULL_ERROR", None)
-        _guarded = False
+        if not traceback_asked:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
     return 0

@@ -25,7 +25,7 @@ from imgtrain import dist
 from imgtrain.agreement import Agreement, WindowReport, exchange
 from imgtrain.config import NonFinite
 from imgtrain.data.loader import STOP_SIGNALS, SUBMITIT_SIGNAL
-from imgtrain.errors import RunError
+from imgtrain.errors import RunEnded, RunError
 
 log = logging.getLogger(__name__)
 
@@ -34,16 +34,17 @@ log = logging.getLogger(__name__)
 SECOND_CTRL_C_AFTER_S = 1.0
 
 
-class Preempted(BaseException):  # noqa: N818 - like KeyboardInterrupt: it ends a sweep too, not just one job
-    """A stop signal arrived; the checkpoint is saved and the process exits with 128 + the signal number."""
+class Preempted(RunEnded):
+    """A stop signal arrived and the checkpoint is saved: exit status 128 + the signal's number. It ends a sweep
+    too, not just its job (`run`)."""
 
     def __init__(self, signum: int, message: str) -> None:
-        super().__init__(message)
+        super().__init__(128 + signum, f"stopped: {message}")
         self.signum = signum
+        self.message = message
 
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum  # the shell's convention for "ended by this signal"; SLURM and torchrun see a failure
+    def __str__(self) -> str:
+        return self.message
 
 
 class StopSignals:

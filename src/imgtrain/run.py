@@ -71,7 +71,7 @@ def _end_sweep(stop: Preempted) -> None:
     and the jobs that finished get their report now, as Hydra's on_multirun_end would have written it."""
     if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN) or dist.global_rank() != 0:
         return
-    write_json(Path(HydraConfig.get().runtime.output_dir) / STOPPED, {"error": f"stopped: {stop}"})
+    write_json(Path(HydraConfig.get().runtime.output_dir) / STOPPED, {"error": stop.line})
     log.warning("the sweep ends here: the report covers the jobs before this one")
     build_report(Path(HydraConfig.get().sweep.dir))
 

@@ -30,7 +30,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from imgtrain import dist
-from imgtrain.errors import ConfigError, RunError
+from imgtrain.errors import ConfigError, RunEnded, RunError
 from imgtrain.host import atomic_write
 
 log = logging.getLogger(__name__)
@@ -207,14 +207,6 @@ def hold(directory: Path, info: dist.DistInfo) -> Iterator[None]:
             lock.__exit__()
 
 
-class Refused(BaseException):  # noqa: N818 - like Preempted: it must pass Hydra's `except Exception`
-    """The run directory's lock was refused before Hydra started the job; `error` is the one line to print."""
-
-    def __init__(self, error: RunError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 class LockRunDir(Callback):
     """Hydra callback: `python train.py` takes the run directory's lock before Hydra writes `.hydra/` and the log
     file there, so a refused second run leaves the directory exactly as it was (rank 0; a multirun's jobs lock
@@ -231,7 +223,7 @@ class LockRunDir(Callback):
         try:
             lock.__enter__()
         except RunError as error:  # ConfigError too
-            raise Refused(error) from None  # Hydra turns an Exception from a callback into a warning
+            raise RunEnded.from_error(error, str(error)) from error  # Hydra turns an Exception into a warning
         atexit.register(lock.__exit__)  # also after a stop signal, which ends the process past on_run_end
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
