@@ -12,7 +12,7 @@ NPROC ?= 2
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
-	@echo "  Pass overrides with ARGS, e.g. make train ARGS='data.num_workers=2 trainer.epochs=1'"
+	@echo "  Pass overrides with ARGS, e.g. make train ARGS='data.num_workers=2 train.epochs=1'"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,7 @@ ddp: $(STAMP) ## Train with DDP: NPROC (default 2) processes via torchrun; gloo 
 	$(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
 
 sweep: $(STAMP) ## Sweep data.num_workers (0,1,2) for a fixed step budget; ends with sweep_summary.{csv,md,png}
-	$(BIN)/python train.py -m data.num_workers=0,1,2 trainer.max_steps=150 $(ARGS)
+	$(BIN)/python train.py -m data.num_workers=0,1,2 train.max_steps=150 $(ARGS)
 
 shards: $(STAMP) ## Pack an image folder into shards: make shards SRC=<image folder> DST=<directory or s3://bucket/prefix>
 	@test -n "$(SRC)" -a -n "$(DST)" || { echo "usage: make shards SRC=<image folder> DST=<directory or s3://bucket/prefix> [ARGS='--shard-mb 64']"; exit 2; }

@@ -68,7 +68,7 @@ class Bench:
         it (its log stays in its run dir)."""
         self.runs += 1
         run_dir = self.workdir / "runs" / f"{self.runs:03d}"
-        args = [*overrides, *([] if checkpoints else ["trainer.save_checkpoints=false"]), "trainer.progress_bar=false"]
+        args = [*overrides, *([] if checkpoints else ["checkpoint.save=false"]), "metrics.progress_bar=false"]
         cmd = [sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"]
         print(f"  run {self.runs:03d}: {_shown(args)}", flush=True)
         try:
@@ -94,7 +94,7 @@ class Bench:
 
 
 def _shown(args: list[str]) -> str:
-    return "python train.py " + " ".join(shlex.quote(a) for a in args if not a.startswith("trainer.progress_bar"))
+    return "python train.py " + " ".join(shlex.quote(a) for a in args if not a.startswith("metrics.progress_bar"))
 
 
 def overhead(bench: Bench, repeats: int, steps: int, warmup: int) -> dict:
@@ -104,7 +104,7 @@ def overhead(bench: Bench, repeats: int, steps: int, warmup: int) -> dict:
         order = ("ours", "bare") if i % 2 == 0 else ("bare", "ours")  # alternate, so drift hits both
         for which in order:
             if which == "ours":
-                run = bench.train(f"trainer.max_steps={steps}", f"trainer.warmup_steps={warmup}")
+                run = bench.train(f"train.max_steps={steps}", f"metrics.skip_first_steps={warmup}")
                 ours.append(run.get("images_per_sec"))
             else:
                 bare.append(bench.bare(steps, warmup).get("images_per_sec"))
@@ -140,9 +140,9 @@ def modes(bench: Bench, steps: int) -> list[dict]:
     rows = []
     for name, args in datasets.items():
         for mode in ("loader", "compute", "train"):
-            run = bench.train(*args, f"mode={mode}", f"trainer.max_steps={steps}")
+            run = bench.train(*args, f"mode={mode}", f"train.max_steps={steps}")
             rows.append({"dataset": name, "mode": mode, **_figures(run)})
-    run = bench.train(*datasets["shapes"], "data.device_resident=true", f"trainer.max_steps={steps}")
+    run = bench.train(*datasets["shapes"], "data.device_resident=true", f"train.max_steps={steps}")
     rows.append({"dataset": "shapes", "mode": "train, data.device_resident=true", **_figures(run)})
     return rows
 
@@ -152,7 +152,7 @@ def workers(bench: Bench, steps: int) -> list[dict]:
     counts = sorted({0, 1, 2, *range(0, available_cpus() + 1, max(1, available_cpus() // 4))})
     rows = []
     for count in [c for c in counts if c <= available_cpus()]:
-        run = bench.train("mode=loader", f"data.num_workers={count}", f"trainer.max_steps={steps}")
+        run = bench.train("mode=loader", f"data.num_workers={count}", f"train.max_steps={steps}")
         rows.append({"num_workers": count, **_figures(run)})
     return rows
 
@@ -165,11 +165,11 @@ def checkpoint_cost(bench: Bench, repeats: int, steps: int) -> dict:
         base = ["dataset=synthetic", "dataset.image_size=224", "model=resnet50", "data.batch_size=256"]
     else:  # ResNet-18 + AdamW: 134 MB
         base = ["dataset=synthetic", "dataset.image_size=32"]
-    base += [f"dataset.num_train={steps * (256 if cuda else 64) + 512}", f"trainer.max_steps={steps}"]
-    base += [f"trainer.log_every_n_steps={CKPT_WINDOW}"]  # short windows: the paired estimate below
+    base += [f"dataset.num_train={steps * (256 if cuda else 64) + 512}", f"train.max_steps={steps}"]
+    base += [f"metrics.log_every_n_steps={CKPT_WINDOW}"]  # short windows: the paired estimate below
     variants = {
-        "off": ["trainer.save_checkpoints=false"],
-        "every 30 s": ["trainer.ckpt_every_min=0.5"],
+        "off": ["checkpoint.save=false"],
+        "every 30 s": ["checkpoint.every_min=0.5"],
         "defaults": [],
     }
     runs: dict[str, list[dict]] = {name: [] for name in variants}
@@ -261,7 +261,7 @@ def stage_breakdown(bench: Bench, repeats: int, steps: int) -> dict:
         for i in range(repeats):
             for which in ("on", "off") if i % 2 == 0 else ("off", "on"):
                 flag = f"data.stage_timings={'true' if which == 'on' else 'false'}"
-                run = bench.train(f"mode={mode}", f"trainer.max_steps={steps}", flag)
+                run = bench.train(f"mode={mode}", f"train.max_steps={steps}", flag)
                 rates[which].append(run.get("images_per_sec"))
                 if which == "on" and run.get("pipeline"):
                     result.setdefault(f"{mode}_pipeline", run["pipeline"])
@@ -277,14 +277,14 @@ def stage_breakdown(bench: Bench, repeats: int, steps: int) -> dict:
 
 LOADER_WORKERS = (8, 12, 15)  # the DataLoader rows on the 16-core box: the best of these is the row that counts
 JPEG_SIZE, JPEG_TRAIN, JPEG_VAL = 384, 25_600, 512  # about ImageNet's mean pixel count; 100 steps an epoch
-R18 = ["model=resnet18_cifar", "dataset.image_size=32", f"data.batch_size={R18_BATCH}", "trainer.precision=bf16"]
-R50 = ["model=resnet50", "dataset.image_size=224", f"data.batch_size={R50_BATCH}", "trainer.precision=bf16"]
+R18 = ["model=resnet18_cifar", "dataset.image_size=32", f"data.batch_size={R18_BATCH}", "system.precision=bf16"]
+R50 = ["model=resnet50", "dataset.image_size=224", f"data.batch_size={R50_BATCH}", "system.precision=bf16"]
 
 
 def _gpu_steps(steps: int, warmup: int, epoch_images: int | None = None) -> list[str]:
     """One epoch long enough for every step (no epoch end inside the measurement) unless told otherwise."""
-    args = [f"trainer.max_steps={steps}", f"trainer.warmup_steps={warmup}", "trainer.log_every_n_steps=25"]
-    return [*args, "trainer.epochs=1"] + ([f"dataset.num_train={epoch_images}"] if epoch_images else [])
+    args = [f"train.max_steps={steps}", f"metrics.skip_first_steps={warmup}", "metrics.log_every_n_steps=25"]
+    return [*args, "train.epochs=1"] + ([f"dataset.num_train={epoch_images}"] if epoch_images else [])
 
 
 def gpu_ceilings(bench: Bench, steps: int, warmup: int) -> list[dict]:
@@ -366,8 +366,8 @@ def gpu_jpeg(bench: Bench, steps: int, warmup: int, timm: dict | None) -> dict:
         return {"rows": [_gpu_row(bench, key, target) for key, target in names.items()]}
     root = jpeg_folder(bench)
     common = ["dataset=imagefolder", f"dataset.root={root}", *R50, f"data.num_workers={workers}",
-              f"trainer.max_steps={steps}", f"trainer.warmup_steps={warmup}", "trainer.log_every_n_steps=25",
-              "trainer.epochs=10"]  # fmt: skip
+              f"train.max_steps={steps}", f"metrics.skip_first_steps={warmup}", "metrics.log_every_n_steps=25",
+              "train.epochs=10"]  # fmt: skip
     files = sum(1 for _ in (root / "train").rglob("*.jpg"))
     result = {
         "folder": {"root": str(root), "train_files": files, "mean_kb": _mean_kb(root), "image_px": JPEG_SIZE},

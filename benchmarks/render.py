@@ -52,7 +52,7 @@ def render(report: dict, json_path: Path) -> str:
         lines += _storage(report["storage"])
     lines += [
         "",
-        "Each row's command is in the JSON file. Images/s are steady state (after `trainer.warmup_steps`), summed "
+        "Each row's command is in the JSON file. Images/s are steady state (after `metrics.skip_first_steps`), summed "
         "over ranks; data wait is the share of step time the loop spent waiting for a batch.",
         "",
     ]

@@ -48,7 +48,7 @@ def storage(bench, folder: Path, repeats: int, steps: int) -> dict:
     shards = bench.workdir / "data" / "storage-shards"
     convert(folder, shards)
     library = build_slowopen(bench.workdir)
-    common = ["mode=loader", "data.num_workers=1", "dataset.image_size=64", f"trainer.max_steps={steps}"]
+    common = ["mode=loader", "data.num_workers=1", "dataset.image_size=64", f"train.max_steps={steps}"]
     formats = {
         "folder": ["dataset=imagefolder", f"dataset.root={folder}"],
         "shards": ["dataset=shards", f"dataset.root={shards}"],

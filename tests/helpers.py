@@ -22,7 +22,7 @@ CONF_DIR = ROOT / "conf"
 FAST = ["debug=fast"]
 
 # 2 epochs of 8 steps, deterministic, a checkpoint every 3 steps; one worker, so the stop signal reaches one.
-RESUMABLE = [*FAST, "trainer.epochs=2", "trainer.ckpt_every_n_steps=3", "trainer.deterministic=true"]
+RESUMABLE = [*FAST, "train.epochs=2", "checkpoint.every_n_steps=3", "system.deterministic=true"]
 
 register()
 

@@ -19,9 +19,9 @@ from imgtrain.run import run
 
 def shards_args(root: Path | str, *more: str) -> list[str]:
     """A run of seconds on the 32-px shards below (debug=fast's settings; it sets keys only `shapes` has)."""
-    fast = ["dataset.image_size=32", "data.batch_size=32", "data.num_workers=1", "trainer.epochs=1"]
-    fast += ["trainer.warmup_steps=2", "trainer.log_every_n_steps=2", "trainer.monitor_interval_s=0.1"]
-    return ["dataset=shards", f"dataset.root={root}", *fast, "trainer.compute_probe=false", *more]
+    fast = ["dataset.image_size=32", "data.batch_size=32", "data.num_workers=1", "train.epochs=1"]
+    fast += ["metrics.skip_first_steps=2", "metrics.log_every_n_steps=2", "metrics.monitor_interval_s=0.1"]
+    return ["dataset=shards", f"dataset.root={root}", *fast, "metrics.compute_probe=false", *more]
 
 
 def failure(*overrides: str, run_dir: Path) -> RunError:

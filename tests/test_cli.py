@@ -52,13 +52,13 @@ BAD_INPUT = [
     ("dataset=bogus", "Available options in 'dataset': cifar10, cifar100, imagefolder, shapes, shards, synthetic"),
     ("data.no_such_key=1", "Key 'no_such_key' not in 'DataConfig'"),
     ("data.batch_size=abc", "data.batch_size=abc: Value 'abc' of type 'str' could not be converted to Integer"),
-    ("trainer.precision=fp16", "trainer.precision=fp16 needs a CUDA device: on CPU use fp32 or bf16"),
-    ("trainer.device=cuda", "trainer.device=cuda but no CUDA GPU is visible: use trainer.device=auto or cpu"),
+    ("system.precision=fp16", "system.precision=fp16 needs a CUDA device: on CPU use fp32 or bf16"),
+    ("system.device=cuda", "system.device=cuda but no CUDA GPU is visible: use system.device=auto or cpu"),
     ("dataset=imagefolder dataset.root=/no/such/dir", "dataset.root=/no/such/dir is not a directory"),
     ("dataset=imagefolder dataset.root={empty}", "has no class folders with images"),
     ("dataset=imagefolder dataset.root={empty} dataset.val_fraction=1.5", "dataset.val_fraction=1.5 is invalid"),
-    ("trainer.nonfinite=ignore", "trainer.nonfinite=ignore: Invalid value 'ignore', expected one of [stop, skip]"),
-    ("trainer.resume=/no/such.pt", "trainer.resume=/no/such.pt is invalid: expected auto, none or the path"),
+    ("faults.nonfinite=ignore", "faults.nonfinite=ignore: Invalid value 'ignore', expected one of [stop, skip]"),
+    ("checkpoint.resume=/no/such.pt", "checkpoint.resume=/no/such.pt is invalid: expected auto, none or the path"),
     ("dataset=shards", "dataset.root is required with dataset=shards"),
     ("dataset=shards dataset.root=/no/such/dir", "dataset.root=/no/such/dir is not a directory"),
     ("dataset=shards dataset.root={empty}", "has no imgtrain-shards.json (it holds no imgtrain shards)"),
@@ -88,9 +88,10 @@ def test_bad_input_is_one_clear_line(override: str, expected: str, tmp_path: Pat
     ("override", "expected"),
     [
         ("data.num_workers=-1", "error: data.num_workers=-1 is invalid: expected an integer >= 0, auto or tune"),
-        ("trainer.device=cuda {fake_gpu}", "2 processes on this node but only 1 GPU(s) are visible"),
+        ("system.device=cuda {fake_gpu}", "2 processes on this node but only 1 GPU(s) are visible"),
+        ("trainer.epochs=3", "error: trainer.epochs is now train.epochs (trainer.* was split by concern"),
     ],
-    ids=["validation", "device"],
+    ids=["validation", "device", "composition"],
 )
 def test_train_py_exits_2_with_one_line_on_stderr(override: str, expected: str, tmp_path: Path, data_dir: Path):
     env = {}

@@ -11,18 +11,20 @@ from omegaconf import OmegaConf
 
 from imgtrain.cli import one_line
 from imgtrain.config import (
+    MOVED_KEYS,
     AdamWConfig,
-    CifarConfig,
+    CheckpointConfig,
+    Config,
     DataConfig,
-    ImageFolderConfig,
+    FaultsConfig,
+    MetricsConfig,
     ModelConfig,
     SGDConfig,
-    ShapesConfig,
-    ShardsConfig,
-    SyntheticConfig,
-    TrainerConfig,
+    SystemConfig,
+    TrainConfig,
     validate,
 )
+from imgtrain.config_datasets import CifarConfig, ImageFolderConfig, ShapesConfig, ShardsConfig, SyntheticConfig
 from imgtrain.errors import ConfigError
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
@@ -40,7 +42,18 @@ SCHEMAS = {
 
 
 def test_every_group_has_options() -> None:
-    assert set(GROUPS) >= {"data", "dataset", "model", "optim", "trainer", "debug", "experiment"}
+    assert set(GROUPS) >= {
+        "data",
+        "dataset",
+        "model",
+        "optim",
+        "train",
+        "system",
+        "checkpoint",
+        "metrics",
+        "faults",
+        "debug",
+    }
     assert len(OPTIONS) >= 16
 
 
@@ -49,10 +62,10 @@ def test_every_option_composes_and_validates(group: str, option: str, tmp_path: 
     extra = [f"dataset.root={tmp_path}"] if option in ("imagefolder", "shards", "imagenet_resnet50") else []
     settings = validate(compose_cfg(f"{group}={option}", *extra))
     if group == "hparams_search":
-        assert settings.optimized_metric == "images_per_sec" and settings.trainer.max_steps
+        assert settings.optimized_metric == "images_per_sec" and settings.train.max_steps
         return
     if group == "debug":
-        assert settings.dataset.num_train == 256 and settings.trainer.epochs == 1
+        assert settings.dataset.num_train == 256 and settings.train.epochs == 1
         return
     if group == "experiment":
         return  # test_experiments_are_the_documented_recipes
@@ -71,7 +84,7 @@ def test_defaults() -> None:
     assert cfg.dataset.name == "shapes"
     assert cfg.model.arch == "resnet18"
     assert cfg.data.num_workers == "auto"
-    assert cfg.trainer.device == "auto"
+    assert cfg.system.device == "auto"
     assert OmegaConf.select(cfg, "data.distributed_sampler") == "auto"
 
 
@@ -107,10 +120,10 @@ def test_every_data_key_is_overridable(override: str, key: str, expected: object
         ("data.prefetch_factor=0", "data.prefetch_factor=0"),
         ("data.timeout=-1", "data.timeout=-1"),
         ("data.distributed_sampler=maybe", "auto, true, false"),
-        ("trainer.epochs=0", "trainer.epochs=0"),
-        ("trainer.ckpt_every_min=0", "trainer.ckpt_every_min=0.0 is invalid: expected minutes > 0, or null"),
-        ("trainer.ckpt_every_n_steps=-5", "trainer.ckpt_every_n_steps=-5"),
-        ("trainer.profile_steps=0", "trainer.profile_steps=0 is invalid: expected an integer >= 1 (steps recorded)"),
+        ("train.epochs=0", "train.epochs=0"),
+        ("checkpoint.every_min=0", "checkpoint.every_min=0.0 is invalid: expected minutes > 0, or null"),
+        ("checkpoint.every_n_steps=-5", "checkpoint.every_n_steps=-5"),
+        ("metrics.profile_steps=0", "metrics.profile_steps=0 is invalid: expected an integer >= 1 (steps recorded)"),
         ("dataset=imagefolder", "dataset.root is required"),
         ("dataset=imagefolder dataset.root=/no/such/dir", "/no/such/dir"),
     ],
@@ -138,9 +151,9 @@ def test_type_and_key_errors_fail_at_composition(override: str) -> None:
     ("override", "options"),
     [
         ("data.multiprocessing_context=threads", "[fork, spawn, forkserver]"),
-        ("trainer.device=tpu", "[auto, cpu, cuda]"),
-        ("trainer.precision=fp8", "[auto, fp32, bf16, fp16]"),
-        ("trainer.nonfinite=ignore", "[stop, skip]"),
+        ("system.device=tpu", "[auto, cpu, cuda]"),
+        ("system.precision=fp8", "[auto, fp32, bf16, fp16]"),
+        ("faults.nonfinite=ignore", "[stop, skip]"),
         ("model.arch=vgg11", "[resnet18, resnet34, resnet50]"),
         ("mode=fast", "[train, loader, compute]"),
         ("optimized_metric=speed", "[val_acc, best_val_acc, val_loss"),
@@ -161,7 +174,17 @@ def _schema_defaults(schema: type) -> dict:
 
 @pytest.mark.parametrize(
     ("folder", "schema"),
-    [("data", DataConfig), ("trainer", TrainerConfig), ("model", ModelConfig), ("optim", None), ("dataset", None)],
+    [
+        ("data", DataConfig),
+        ("train", TrainConfig),
+        ("system", SystemConfig),
+        ("checkpoint", CheckpointConfig),
+        ("metrics", MetricsConfig),
+        ("faults", FaultsConfig),
+        ("model", ModelConfig),
+        ("optim", None),
+        ("dataset", None),
+    ],
 )
 def test_every_default_is_set_in_one_place(folder: str, schema: type | None) -> None:
     """The YAML files choose a schema and set only what differs from its defaults."""
@@ -178,11 +201,40 @@ def test_every_default_is_set_in_one_place(folder: str, schema: type | None) -> 
 def test_experiments_are_the_documented_recipes(tmp_path: Path) -> None:
     cifar = validate(compose_cfg("experiment=cifar10_resnet18"))
     assert (cifar.dataset.name, cifar.model.cifar_stem, type(cifar.optim)) == ("cifar10", True, SGDConfig)
-    assert (cifar.data.batch_size, cifar.optim.lr, cifar.trainer.epochs) == (128, 0.1, 30)
+    assert (cifar.data.batch_size, cifar.optim.lr, cifar.train.epochs) == (128, 0.1, 30)
     resident = validate(compose_cfg("experiment=cifar10_resident"))
     assert resident.data.device_resident and resident.optim.lr == 0.4 and resident.data.batch_size == 512
     imagenet = validate(compose_cfg("experiment=imagenet_resnet50", f"dataset.root={tmp_path}"))
-    assert (imagenet.model.arch, imagenet.dataset.name, imagenet.trainer.epochs) == ("resnet50", "imagefolder", 90)
-    assert (imagenet.optim.lr, imagenet.optim.weight_decay, imagenet.trainer.label_smoothing) == (0.1, 1e-4, 0.1)
+    assert (imagenet.model.arch, imagenet.dataset.name, imagenet.train.epochs) == ("resnet50", "imagefolder", 90)
+    assert (imagenet.optim.lr, imagenet.optim.weight_decay, imagenet.train.label_smoothing) == (0.1, 1e-4, 0.1)
     with pytest.raises(ConfigError, match="dataset.root is required"):
         validate(compose_cfg("experiment=imagenet_resnet50"))
+
+
+def test_every_former_trainer_key_has_one_new_place_that_exists() -> None:
+    """trainer.* was split by concern: the 23 keys map one to one onto keys of the new groups."""
+    assert len(MOVED_KEYS) == 23 and len(set(MOVED_KEYS.values())) == 23
+    defaults = _schema_defaults(Config)
+    for new in MOVED_KEYS.values():
+        group, key = new.split(".")
+        schema = {"train": TrainConfig, "system": SystemConfig, "checkpoint": CheckpointConfig}.get(group)
+        schema = schema or {"metrics": MetricsConfig, "faults": FaultsConfig}[group]
+        assert key in _schema_defaults(schema), new
+    assert "trainer" not in defaults
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("trainer.epochs=3", "trainer.epochs is now train.epochs (trainer.* was split by concern"),
+        ("trainer.warmup_steps=0", "trainer.warmup_steps is now metrics.skip_first_steps"),
+        ("trainer.save_checkpoints=false", "trainer.save_checkpoints is now checkpoint.save"),
+        ("+trainer.nonfinite=skip", "trainer.nonfinite is now faults.nonfinite"),
+        ("trainer=default", "trainer.* was split by concern into train, system, checkpoint, metrics and faults"),
+    ],
+)
+def test_a_former_trainer_key_gets_one_line_naming_its_new_place(override: str, expected: str) -> None:
+    with pytest.raises((ConfigCompositionException, ConfigError)) as caught:  # `+` composes, validate refuses
+        validate(compose_cfg(override))
+    line = one_line(caught.value)
+    assert expected in line and "\n" not in line, line

@@ -29,8 +29,8 @@ from imgtrain.data.datasets import (
     build_imagefolder,
     build_shapes,
     build_synthetic,
-    split_indices,
 )
+from imgtrain.data.folders import split_indices
 from imgtrain.data.jpeg import jpeg_problem
 from imgtrain.errors import ConfigError
 

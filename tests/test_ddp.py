@@ -15,7 +15,7 @@ from imgtrain.errors import ConfigError
 
 # 256 training images over 2 ranks of 32 = 4 steps per epoch; 65 validation images (odd: DistributedSampler
 # would pad one duplicate).
-DDP = list(FAST)  # its dataset.num_val, data.num_workers and trainer.epochs are overridden where it is used
+DDP = list(FAST)  # its dataset.num_val, data.num_workers and train.epochs are overridden where it is used
 DDP += ["dataset.num_val=65", "data.num_workers=0"]
 
 
@@ -23,7 +23,7 @@ DDP += ["dataset.num_val=65", "data.num_workers=0"]
 def ddp_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> tuple[Path, object]:
     cwd = tmp_path_factory.mktemp("ddp")
     result = run_torchrun(
-        [*DDP, "trainer.epochs=2"], cwd, data_dir
+        [*DDP, "train.epochs=2"], cwd, data_dir
     )  # no hydra.run.dir: the ranks must agree on outputs/<date>/<time>
     assert result.returncode == 0, result.stderr[-4000:]
     return cwd, result
@@ -71,7 +71,7 @@ def test_other_ranks_print_warnings_only(ddp_run) -> None:
 @pytest.mark.slow  # several torchrun or submitit processes
 def test_sweep_inside_torchrun(tmp_path: Path, data_dir: Path) -> None:
     args = ["-m", "data.num_workers=0,1", *[o for o in DDP if not o.startswith("data.num_workers")]]
-    result = run_torchrun([*args, "trainer.epochs=1"], tmp_path, data_dir)
+    result = run_torchrun([*args, "train.epochs=1"], tmp_path, data_dir)
     assert result.returncode == 0, result.stderr[-4000:]
     sweeps = [p for p in (tmp_path / "outputs" / "multirun").glob("*/*") if p.is_dir()]
     assert len(sweeps) == 1, sweeps
@@ -85,7 +85,7 @@ def test_sweep_inside_torchrun(tmp_path: Path, data_dir: Path) -> None:
 def test_submitit_local_with_two_tasks(tmp_path: Path, data_dir: Path) -> None:
     sweep = tmp_path / "sweep"
     args = ["-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}"]
-    result = run_train([*args, *DDP, "trainer.epochs=1"], tmp_path / "unused", data_dir, timeout=400)
+    result = run_train([*args, *DDP, "train.epochs=1"], tmp_path / "unused", data_dir, timeout=400)
     assert result.returncode == 0, result.stderr[-4000:]
     metrics = json.loads((sweep / "0" / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["val_count"] == 65
@@ -174,7 +174,7 @@ def test_preemption_stops_every_rank_and_a_torchrun_restart_resumes(tmp_path: Pa
 
     import psutil
 
-    args = [*DDP, "trainer.epochs=3", "trainer.ckpt_every_n_steps=2", "data.num_workers=1"]
+    args = [*DDP, "train.epochs=3", "checkpoint.every_n_steps=2", "data.num_workers=1"]
     proc = start_torchrun(args, tmp_path, data_dir, launcher=["--max-restarts=1"])
     deadline = time.monotonic() + 180
     while not list(tmp_path.glob("outputs/*/*/checkpoints/last.pt")):
@@ -198,7 +198,7 @@ def test_preemption_stops_every_rank_and_a_torchrun_restart_resumes(tmp_path: Pa
 
 @pytest.mark.slow  # several torchrun or submitit processes
 def test_a_nan_on_one_rank_is_skipped_on_every_rank(tmp_path: Path, data_dir: Path) -> None:
-    args = [*DDP, "trainer.epochs=1", "model._target_=faults.build_nan_model", "trainer.nonfinite=skip"]
+    args = [*DDP, "train.epochs=1", "model._target_=faults.build_nan_model", "faults.nonfinite=skip"]
     import os
 
     os.environ["PYTHONPATH"] = str(Path(__file__).parent)
@@ -221,8 +221,8 @@ def test_sigterm_to_torchrun_then_resume_matches_an_uninterrupted_two_process_ru
     import signal
     import time
 
-    args = [*DDP, "trainer.epochs=3", "trainer.ckpt_every_n_steps=2", "data.num_workers=1"]
-    args += ["trainer.deterministic=true"]
+    args = [*DDP, "train.epochs=3", "checkpoint.every_n_steps=2", "data.num_workers=1"]
+    args += ["system.deterministic=true"]
     straight = tmp_path / "straight"
     assert run_torchrun([*args, f"hydra.run.dir={straight}"], tmp_path, data_dir).returncode == 0
     run_dir = tmp_path / "interrupted"
@@ -256,7 +256,7 @@ def test_ctrl_c_under_torchrun_stops_every_rank_at_the_same_step_and_the_same_co
     import signal
     import time
 
-    args = [*DDP, "trainer.epochs=3", "trainer.ckpt_every_n_steps=2", "data.num_workers=1"]
+    args = [*DDP, "train.epochs=3", "checkpoint.every_n_steps=2", "data.num_workers=1"]
     run_dir = tmp_path / "run"
     proc = start_torchrun([*args, f"hydra.run.dir={run_dir}"], tmp_path, data_dir, session=True)
     deadline = time.monotonic() + 180

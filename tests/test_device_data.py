@@ -89,7 +89,7 @@ def test_gpu_decode_without_a_gpu_is_one_clear_line(tmp_path, data_dir) -> None:
     args = ["dataset=imagefolder", f"dataset.root={root}", "dataset.image_size=32", "dataset.decode=cuda"]
     expected = "dataset.decode=cuda needs a CUDA device, and this run uses cpu: use dataset.decode=cpu"
     with pytest.raises(ConfigError, match=expected):
-        run(compose_cfg(*args, "trainer.device=cpu", output_dir=str(tmp_path / "run")))
+        run(compose_cfg(*args, "system.device=cpu", output_dir=str(tmp_path / "run")))
 
 
 def test_the_decode_thread_keeps_order_ends_cleanly_and_hands_errors_over(tmp_path) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 
 from helpers import ROOT
 
-from imgtrain.config import AUTO, DataConfig
+from imgtrain.config import AUTO, MOVED_KEYS, Config, DataConfig
 from imgtrain.metrics.summary import FIELDS
 
 README = (ROOT / "README.md").read_text()
@@ -44,6 +45,19 @@ def test_the_data_table_lists_every_data_key_with_its_default() -> None:
     assert sorted(table) == sorted(defaults)  # every key, once
     for key, default in defaults.items():
         assert table[key] == (AUTO if default == AUTO else _rendered(default)), key
+
+
+def test_the_training_groups_table_lists_every_key_with_its_default() -> None:
+    """train.*, system.*, checkpoint.*, metrics.*, faults.*: the groups trainer.* was split into."""
+    table = _table_after("### The recipe, the system, checkpoints, measurement, faults")
+    groups = sorted({new.split(".")[0] for new in MOVED_KEYS.values()})
+    schemas = typing.get_type_hints(Config)  # the field types, resolved from their annotations
+    defaults = {}
+    for group in groups:
+        defaults |= {f"{group}.{f.name}": f.default for f in dataclasses.fields(schemas[group])}
+    assert sorted(table) == sorted(defaults)  # every key, once
+    for key, default in defaults.items():
+        assert table[key] == _rendered(default), key
 
 
 def test_the_make_bench_duration_matches_the_makefile() -> None:

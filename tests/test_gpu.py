@@ -24,8 +24,9 @@ from shardhelpers import shards_args
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from imgtrain.checkpoint import Checkpointer, checkpointer
-from imgtrain.data.datasets import EncodedFileDataset, decode_file, eval_transform, list_images
+from imgtrain.data.datasets import EncodedFileDataset, decode_file, eval_transform
 from imgtrain.data.feed import CudaPrefetcher, ResidentLoader
+from imgtrain.data.folders import list_images
 from imgtrain.data.gpu_decode import GpuJpegBatches, JpegBatchDecoder, decode_jpegs
 from imgtrain.data.loader import Batch, GuardedSamples, collate
 from imgtrain.data.samplers import EpochSampler
@@ -189,9 +190,9 @@ def test_truncated_and_cmyk_jpegs_are_skipped_and_counted(tmp_path: Path, data_d
         "dataset.decode=cuda",
         "data.batch_size=20",
         "data.num_workers=2",
-        "trainer.epochs=2",
-        "trainer.warmup_steps=0",
-        "trainer.log_every_n_steps=2",
+        "train.epochs=2",
+        "metrics.skip_first_steps=0",
+        "metrics.log_every_n_steps=2",
     ]
     run(compose_cfg(*overrides, output_dir=str(tmp_path / "run")))
     metrics = read_metrics(tmp_path / "run")
@@ -215,7 +216,7 @@ def test_shards_decode_on_the_gpu_and_count_an_unreadable_jpeg(shards: Path, tmp
     start = data.find(b"\xff\xd8\xff")
     data[start : start + 4] = b"XXXX"
     chunk.write_bytes(bytes(data))
-    overrides = shards_args(damaged, "dataset.decode=cuda", "data.num_workers=2", "trainer.epochs=2")
+    overrides = shards_args(damaged, "dataset.decode=cuda", "data.num_workers=2", "train.epochs=2")
     run(compose_cfg(*overrides, output_dir=str(tmp_path / "run")))
     metrics = read_metrics(tmp_path / "run")
     stages = metrics["pipeline"]["stage_ms_per_image"]
@@ -225,7 +226,7 @@ def test_shards_decode_on_the_gpu_and_count_an_unreadable_jpeg(shards: Path, tmp
 
 # ----------------------------------------------------------------------------- resume and precision
 def test_fp32_deterministic_resume_matches_the_uninterrupted_run(tmp_path: Path, data_dir: Path) -> None:
-    args = [*RESUMABLE, "trainer.precision=fp32"]
+    args = [*RESUMABLE, "system.precision=fp32"]
     straight = tmp_path / "straight"
     result = run_train(args, straight, data_dir)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -268,11 +269,11 @@ def _capture_resumed_step(monkeypatch: pytest.MonkeyPatch) -> list:
 def test_a_mixed_precision_run_resumes_and_continues(
     precision: str, tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    overrides = [*FAST, f"trainer.precision={precision}", "trainer.ckpt_every_n_steps=3", "trainer.epochs=2"]
-    run(compose_cfg(*overrides, "trainer.max_steps=6", output_dir=str(tmp_path)))
+    overrides = [*FAST, f"system.precision={precision}", "checkpoint.every_n_steps=3", "train.epochs=2"]
+    run(compose_cfg(*overrides, "train.max_steps=6", output_dir=str(tmp_path)))
     saved = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
     seen = _capture_resumed_step(monkeypatch)
-    run(compose_cfg(*overrides, "trainer.max_steps=12", output_dir=str(tmp_path)))
+    run(compose_cfg(*overrides, "train.max_steps=12", output_dir=str(tmp_path)))
     metrics = read_metrics(tmp_path)
     assert metrics["steps"] == 12 and metrics["precision"] == precision and math.isfinite(metrics["val_loss"])
     assert metrics["nonfinite_steps"] == 0
@@ -300,13 +301,13 @@ def test_bf16_channels_last_compiled_trains(tmp_path: Path) -> None:
         "model=resnet18_cifar",
         "data.batch_size=64",
         "data.num_workers=2",
-        "trainer.precision=bf16",
-        "trainer.channels_last=true",
-        "trainer.compile=true",
-        "trainer.max_steps=8",
-        "trainer.warmup_steps=2",
-        "trainer.log_every_n_steps=2",
-        "trainer.save_checkpoints=false",
+        "system.precision=bf16",
+        "system.channels_last=true",
+        "system.compile=true",
+        "train.max_steps=8",
+        "metrics.skip_first_steps=2",
+        "metrics.log_every_n_steps=2",
+        "checkpoint.save=false",
     ]
     run(compose_cfg(*overrides, output_dir=str(tmp_path)))
     metrics = read_metrics(tmp_path)
@@ -325,11 +326,11 @@ def test_nvml_metrics_are_logged_during_a_busy_run(tmp_path: Path) -> None:
         "dataset.num_val=256",
         "data.batch_size=256",
         "data.num_workers=4",
-        "trainer.epochs=1",
-        "trainer.warmup_steps=4",
-        "trainer.log_every_n_steps=8",
-        "trainer.monitor_interval_s=0.05",
-        "trainer.save_checkpoints=false",
+        "train.epochs=1",
+        "metrics.skip_first_steps=4",
+        "metrics.log_every_n_steps=8",
+        "metrics.monitor_interval_s=0.05",
+        "checkpoint.save=false",
     ]
     run(compose_cfg(*overrides, output_dir=str(tmp_path)))
     util, memory = _steps(tmp_path, "gpu/util_pct"), _steps(tmp_path, "gpu/mem_used_gb")
@@ -384,10 +385,10 @@ def test_no_host_device_sync_between_two_logging_windows(path: str, tmp_path: Pa
         "model=resnet18_cifar",
         "data.batch_size=64",
         "data.num_workers=2",
-        "trainer.max_steps=40",
-        "trainer.warmup_steps=2",
-        "trainer.log_every_n_steps=10",
-        "trainer.ckpt_every_n_steps=0",
+        "train.max_steps=40",
+        "metrics.skip_first_steps=2",
+        "metrics.log_every_n_steps=10",
+        "checkpoint.every_n_steps=0",
         f"data.prefetch_to_device={str(path == 'prefetcher').lower()}",
         f"data.device_resident={str(path == 'device_resident').lower()}",
     ]

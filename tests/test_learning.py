@@ -40,8 +40,8 @@ def test_resnet_learns_digits_through_imagefolder(digits_root: Path, tmp_path: P
         "optim=adamw",
         "data.batch_size=64",
         "data.num_workers=1",
-        "trainer.epochs=4",
-        "trainer.log_every_n_steps=10",
+        "train.epochs=4",
+        "metrics.log_every_n_steps=10",
     ]
     result = run_train(args, run_dir, data_dir, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""trainer.profile=true: the Profiler component on a toy workload, and one real run (slow) with the loop's ranges."""
+"""metrics.profile=true: the Profiler component on a toy workload, and one real run (slow) with the loop's ranges."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import FAST, compose_cfg
 
-from imgtrain.config import TrainerConfig
+from imgtrain.config import MetricsConfig
 from imgtrain.dist import DistInfo
 from imgtrain.profiling import PREFIX, RANGES, Profiler, no_range
 from imgtrain.run import run
@@ -20,8 +20,8 @@ from imgtrain.run import run
 CPU = torch.device("cpu")
 
 
-def _profiler(tmp_path: Path, steps_left: int, rank: int = 0, **trainer) -> Profiler:
-    settings = TrainerConfig(**{"profile": True, "warmup_steps": 0, "profile_steps": 2, **trainer})
+def _profiler(tmp_path: Path, steps_left: int, rank: int = 0, **measure) -> Profiler:
+    settings = MetricsConfig(**{"profile": True, "skip_first_steps": 0, "profile_steps": 2, **measure})
     return Profiler(settings, CPU, DistInfo(rank=rank, world_size=rank + 1), tmp_path, steps_left=steps_left)
 
 
@@ -68,10 +68,10 @@ def test_a_run_shorter_than_the_schedule_says_so_and_writes_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="imgtrain.profiling"):
-        profiler = _profiler(tmp_path, steps_left=5, warmup_steps=2, profile_steps=3)  # needs 2 + 1 + 3
+        profiler = _profiler(tmp_path, steps_left=5, skip_first_steps=2, profile_steps=3)  # needs 2 + 1 + 3
         with profiler:
             _steps(profiler, 5)
-    assert "trainer.profile=true needs 6 steps" in caplog.text and "this run has 5 to go" in caplog.text
+    assert "metrics.profile=true needs 6 steps" in caplog.text and "this run has 5 to go" in caplog.text
     assert profiler.trace is None and not (tmp_path / "profile").exists()
 
 
@@ -97,7 +97,7 @@ def test_a_trace_that_cannot_be_written_costs_the_trace_only(tmp_path: Path, cap
 
 @pytest.mark.slow  # trains: debug=fast, 8 steps (8 s on the 2-core VM, generating the shapes included)
 def test_a_profiled_run_labels_the_loop(tmp_path: Path, data_dir: Path) -> None:
-    run(compose_cfg(*FAST, "trainer.device=cpu", "trainer.profile=true", output_dir=str(tmp_path)))
+    run(compose_cfg(*FAST, "system.device=cpu", "metrics.profile=true", output_dir=str(tmp_path)))
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     trace = tmp_path / "profile" / "trace_rank0.json.gz"
     assert metrics["profile_trace"] == str(trace)
@@ -110,7 +110,7 @@ def test_a_profiled_run_labels_the_loop(tmp_path: Path, data_dir: Path) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: run `make test-gpu` on a GPU")
 def test_a_profiled_cuda_run_records_kernels(tmp_path: Path, data_dir: Path) -> None:
-    run(compose_cfg(*FAST, "trainer.device=cuda", "trainer.profile=true", output_dir=str(tmp_path)))
+    run(compose_cfg(*FAST, "system.device=cuda", "metrics.profile=true", output_dir=str(tmp_path)))
     trace = tmp_path / "profile" / "trace_rank0.json.gz"
     with gzip.open(trace, "rt") as file:
         events = json.load(file)["traceEvents"]

@@ -160,7 +160,7 @@ def test_a_damaged_last_checkpoint_falls_back_to_the_previous_one(
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a copy cut short
 
     caplog.set_level(logging.INFO)
-    assert _train(run_dir, *RESUMABLE, "trainer.epochs=3")["steps"] == 24
+    assert _train(run_dir, *RESUMABLE, "train.epochs=3")["steps"] == 24
     assert f"checkpoint {last} is damaged" in caplog.text
     assert f"resuming from {prev}: step {prev_step}" in caplog.text
     # The damaged file was never rotated over the good one: last.prev.pt is a verified checkpoint.
@@ -170,7 +170,7 @@ def test_a_damaged_last_checkpoint_falls_back_to_the_previous_one(
 def test_resume_from_an_explicit_checkpoint(straight: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     source = straight / "checkpoints" / "last.pt"
     caplog.set_level(logging.INFO)
-    _train(tmp_path / "second", *RESUMABLE, "trainer.epochs=3", f"trainer.resume={source}")
+    _train(tmp_path / "second", *RESUMABLE, "train.epochs=3", f"checkpoint.resume={source}")
     assert f"resuming from {source}: step 16" in caplog.text
     assert [s for s, _ in _steps(tmp_path / "second", "val/acc")] == [24]
 
@@ -178,7 +178,7 @@ def test_resume_from_an_explicit_checkpoint(straight: Path, tmp_path: Path, capl
 def test_nonfinite_loss_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
     monkeypatch.setenv("IMGTRAIN_FAULT_NAN_CALLS", "3,4")  # tests/faults.py: NaN logits at these steps
     caplog.set_level(logging.INFO)
-    metrics = _train(tmp_path, *FAST, "model._target_=faults.build_nan_model", "trainer.nonfinite=skip")
+    metrics = _train(tmp_path, *FAST, "model._target_=faults.build_nan_model", "faults.nonfinite=skip")
     assert metrics["nonfinite_steps"] == 2 and metrics["steps"] == 8
     assert "non-finite loss at step 3: step skipped" in caplog.text
     weights = _ckpt(tmp_path / "checkpoints" / "last.pt")["model"]
@@ -188,7 +188,7 @@ def test_nonfinite_loss_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ca
 def test_nonfinite_loss_stop_is_one_line_and_exit_status_1(tmp_path: Path, data_dir: Path) -> None:
     """A real process: the exit status, the one stderr line, and failed.json in place of metrics.json."""
     run_dir = tmp_path / "run"
-    args = [*FAST, "model._target_=faults.build_nan_model", "trainer.ckpt_every_n_steps=2", "trainer.nonfinite=stop"]
+    args = [*FAST, "model._target_=faults.build_nan_model", "checkpoint.every_n_steps=2", "faults.nonfinite=stop"]
     env = {"PYTHONPATH": str(Path(__file__).parent), "IMGTRAIN_FAULT_NAN_CALLS": "3,4"}
     result = run_train(args, run_dir, data_dir, **env)
     assert result.returncode == 1
@@ -227,9 +227,9 @@ def test_unreadable_images_are_skipped_counted_and_budgeted(budget: int, tmp_pat
         "dataset.image_size=32",
         "data.batch_size=6",
         "data.num_workers=1",
-        "trainer.epochs=2",
-        "trainer.log_every_n_steps=2",
-        "trainer.warmup_steps=0",
+        "train.epochs=2",
+        "metrics.log_every_n_steps=2",
+        "metrics.skip_first_steps=0",
         f"data.max_bad_samples={budget}",
     ]
     run_dir = tmp_path / "run"
@@ -253,17 +253,17 @@ def test_unreadable_images_are_skipped_counted_and_budgeted(budget: int, tmp_pat
 
 
 def test_a_checkpoint_from_another_model_is_a_clear_error(tmp_path: Path) -> None:
-    _train(tmp_path, *FAST, "trainer.max_steps=2")
+    _train(tmp_path, *FAST, "train.max_steps=2")
     with pytest.raises(RunError, match="does not fit this run's model or optimizer") as caught:
-        _train(tmp_path, *FAST, "trainer.max_steps=2", "model=resnet34")
-    assert "trainer.resume=none" in str(caught.value) and "\n" not in str(caught.value)
+        _train(tmp_path, *FAST, "train.max_steps=2", "model=resnet34")
+    assert "checkpoint.resume=none" in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_rerunning_a_finished_run_keeps_its_results(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    _train(tmp_path, *FAST, "trainer.max_steps=4")
+    _train(tmp_path, *FAST, "train.max_steps=4")
     before = (tmp_path / "metrics.json").read_text()
     caplog.set_level(logging.INFO)
-    _train(tmp_path, *FAST, "trainer.max_steps=4")
+    _train(tmp_path, *FAST, "train.max_steps=4")
     assert "this run already finished at step 4" in caplog.text
     assert (tmp_path / "metrics.json").read_text() == before
 

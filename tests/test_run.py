@@ -20,9 +20,9 @@ SYNTHETIC = [
     "dataset.num_val=40",
     "data.batch_size=16",
     "data.num_workers=0",
-    "trainer.warmup_steps=1",
-    "trainer.log_every_n_steps=2",
-    "trainer.monitor_interval_s=0.1",
+    "metrics.skip_first_steps=1",
+    "metrics.log_every_n_steps=2",
+    "metrics.monitor_interval_s=0.1",
 ]
 
 
@@ -34,7 +34,7 @@ def _run(tmp_path: Path, *overrides: str) -> tuple[float, dict]:
 # bf16 convolutions on CPU are slow: about 15 s for 3 steps on 2 cores.
 @pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])
 def test_precisions_on_cpu(tmp_path: Path, precision: str) -> None:
-    value, metrics = _run(tmp_path, f"trainer.precision={precision}", "trainer.max_steps=3")
+    value, metrics = _run(tmp_path, f"system.precision={precision}", "train.max_steps=3")
     assert metrics["precision"] == precision
     assert metrics["steps"] == 3
     assert value == metrics["val_acc"]  # the default objective
@@ -42,28 +42,28 @@ def test_precisions_on_cpu(tmp_path: Path, precision: str) -> None:
 
 
 def test_max_steps_stops_mid_epoch_and_validates_all(tmp_path: Path) -> None:
-    _, metrics = _run(tmp_path, "trainer.epochs=5", "trainer.max_steps=8")
+    _, metrics = _run(tmp_path, "train.epochs=5", "train.max_steps=8")
     assert metrics["steps"] == 8  # 6 steps per epoch: stops 2 steps into the second epoch
     assert metrics["val_count"] == 40
 
 
 def test_a_run_too_short_to_measure_says_why(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    _, metrics = _run(tmp_path, "trainer.max_steps=3", "trainer.warmup_steps=5")
+    _, metrics = _run(tmp_path, "train.max_steps=3", "metrics.skip_first_steps=5")
     assert metrics["images_per_sec"] is None
     note = metrics["images_per_sec_note"]
-    assert "all 3 steps of this run were warm-up steps (trainer.warmup_steps=5)" in note and "max_steps" in note
+    assert "all 3 steps of this run were warm-up steps (metrics.skip_first_steps=5)" in note and "max_steps" in note
     assert f"images/s (steady state)      {note}" in capsys.readouterr().out
-    _, measured = _run(tmp_path / "longer", "trainer.max_steps=6")
+    _, measured = _run(tmp_path / "longer", "train.max_steps=6")
     assert measured["images_per_sec"] > 0 and measured["images_per_sec_note"] is None
 
 
 def test_optimized_metric_is_returned(tmp_path: Path) -> None:
-    value, metrics = _run(tmp_path, "trainer.max_steps=6", "optimized_metric=images_per_sec")
+    value, metrics = _run(tmp_path, "train.max_steps=6", "optimized_metric=images_per_sec")
     assert value == pytest.approx(metrics["images_per_sec"]) and value > 0
 
 
 def test_label_smoothing_and_adamw(tmp_path: Path) -> None:
-    _, metrics = _run(tmp_path, "optim=adamw", "trainer.label_smoothing=0.1", "trainer.max_steps=3")
+    _, metrics = _run(tmp_path, "optim=adamw", "train.label_smoothing=0.1", "train.max_steps=3")
     assert metrics["steps"] == 3 and math.isfinite(metrics["val_loss"])
 
 
@@ -77,7 +77,7 @@ def test_spawn_and_forkserver_workers(tmp_path: Path, method: str, data_dir: Pat
         "dataset.image_size=32",
         "data.num_workers=1",
         f"data.multiprocessing_context={method}",
-        "trainer.max_steps=3",
+        "train.max_steps=3",
     ]
     _, metrics = _run(tmp_path, *overrides)
     assert metrics["loader"]["multiprocessing_context"] == method and metrics["steps"] == 3
@@ -92,7 +92,7 @@ def test_batch_larger_than_dataset_is_a_config_error(tmp_path: Path) -> None:
 def test_precision_the_device_cannot_do() -> None:
     import torch
 
-    with pytest.raises(ConfigError, match="trainer.precision=fp16"):
+    with pytest.raises(ConfigError, match="system.precision=fp16"):
         resolve_precision("fp16", torch.device("cpu"))
     assert resolve_precision("auto", torch.device("cpu")) == "fp32"
 
@@ -107,7 +107,7 @@ def test_workers_are_shut_down_when_a_job_ends(tmp_path: Path, data_dir: Path) -
         "dataset.image_size=32",
         "data.num_workers=2",
         "data.persistent_workers=true",
-        "trainer.max_steps=3",
+        "train.max_steps=3",
     ]
     before = {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. an earlier test's forkserver
     _run(tmp_path, *overrides)
@@ -117,7 +117,7 @@ def test_workers_are_shut_down_when_a_job_ends(tmp_path: Path, data_dir: Path) -
 
 @pytest.mark.slow  # torch.compile builds C++ kernels on CPU: about a minute on 2 cores
 def test_compile(tmp_path: Path) -> None:
-    _, metrics = _run(tmp_path, "trainer.compile=true", "trainer.max_steps=3")
+    _, metrics = _run(tmp_path, "system.compile=true", "train.max_steps=3")
     assert metrics["steps"] == 3 and math.isfinite(metrics["val_loss"])
 
 
@@ -141,7 +141,7 @@ def test_cudnn_autotunes_unless_the_run_is_deterministic(tmp_path: Path, determi
     import torch
 
     torch.backends.cudnn.benchmark = deterministic  # the opposite of what the run must set
-    _run(tmp_path, f"trainer.deterministic={str(deterministic).lower()}", "trainer.max_steps=1")
+    _run(tmp_path, f"system.deterministic={str(deterministic).lower()}", "train.max_steps=1")
     assert torch.backends.cudnn.benchmark is (not deterministic)
     assert torch.are_deterministic_algorithms_enabled() is deterministic
     torch.use_deterministic_algorithms(False)
@@ -149,7 +149,7 @@ def test_cudnn_autotunes_unless_the_run_is_deterministic(tmp_path: Path, determi
 
 def test_compute_ceiling_runs_max_steps_whatever_the_dataset_size(tmp_path: Path) -> None:
     """96 images of batch 16 are 6 steps an epoch; a ceiling measurement must not stop there."""
-    _, metrics = _run(tmp_path, "mode=compute", "trainer.epochs=1", "trainer.max_steps=15")
+    _, metrics = _run(tmp_path, "mode=compute", "train.epochs=1", "train.max_steps=15")
     assert metrics["steps"] == 15 and metrics["measured_steps"] == 14  # all but the one warm-up step
 
 
@@ -159,7 +159,7 @@ def test_compiled_jobs_reset_dynamo_for_the_next_job_of_a_sweep(tmp_path: Path, 
     resets = []
     monkeypatch.setattr(torch, "compile", lambda model, **kw: model)  # what is compiled does not matter here
     monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
-    _run(tmp_path / "a", "trainer.compile=true", "trainer.max_steps=1")
+    _run(tmp_path / "a", "system.compile=true", "train.max_steps=1")
     assert resets == [1]
-    _run(tmp_path / "b", "trainer.max_steps=1")
+    _run(tmp_path / "b", "train.max_steps=1")
     assert resets == [1]  # nothing compiled, nothing to reset

@@ -17,7 +17,7 @@ from helpers import compose_cfg, read_metrics
 from shardhelpers import failure, pack, shards_args
 
 from imgtrain.config import DataConfig
-from imgtrain.data.datasets import folder_splits
+from imgtrain.data.folders import folder_splits
 from imgtrain.data.loader import plan_loader
 from imgtrain.data.pipeline import make_loader
 from imgtrain.data.shards import convert as converter
@@ -171,7 +171,7 @@ def test_a_corrupt_image_inside_a_shard_is_replaced_in_training_dropped_in_valid
         start = data.find(b"\xff\xd8\xff")  # the first stored JPEG: its start-of-image marker
         data[start : start + 4] = b"XXXX"  # same size: only decoding can tell
         chunk.write_bytes(bytes(data))
-    run(compose_cfg(*shards_args(damaged, "trainer.epochs=2"), output_dir=str(tmp_path / "run")))
+    run(compose_cfg(*shards_args(damaged, "train.epochs=2"), output_dir=str(tmp_path / "run")))
     metrics = read_metrics(tmp_path / "run")
     assert metrics["steps"] == 16 and metrics["val_count"] == 63  # every training batch full; one val image less
     assert metrics["skipped_samples"] == 4  # each read counts: 2 epochs x (1 train + 1 val)

@@ -22,7 +22,7 @@ from shardhelpers import shards_args, stop_after_step_5
 from imgtrain.data.shards.manifest import MANIFEST, PARTIAL
 from imgtrain.run import run
 
-RESUMABLE = ["trainer.epochs=2", "trainer.deterministic=true", "trainer.ckpt_every_n_steps=3"]
+RESUMABLE = ["train.epochs=2", "system.deterministic=true", "checkpoint.every_n_steps=3"]
 
 
 def _weights(run_dir: Path) -> dict:
@@ -58,7 +58,7 @@ def test_a_resume_with_fewer_workers_finishes_the_epoch_in_its_own_order(
 ) -> None:
     """LitData's order depends on the worker count: the interrupted epoch ends with the count it started with,
     so it ends bit-identical to an uninterrupted run with that count (one epoch: the whole run)."""
-    one_epoch = shards_args(shards, "trainer.deterministic=true", "trainer.ckpt_every_n_steps=3")
+    one_epoch = shards_args(shards, "system.deterministic=true", "checkpoint.every_n_steps=3")
     run(compose_cfg(*one_epoch, "data.num_workers=2", output_dir=str(tmp_path / "straight")))
     saved = stop_after_step_5(monkeypatch, [*one_epoch, "data.num_workers=2"], tmp_path / "part")
     assert saved["data_order"] == {"epoch": 0, "world_size": 1, "num_workers": 2, "batch_size": 32}
@@ -71,7 +71,7 @@ def test_a_resume_on_fewer_ranks_says_in_one_line_what_litdata_does(
     shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A checkpoint whose epoch two ranks started, resumed by one process: LitData re-deals the rest of the epoch."""
-    args = shards_args(shards, "trainer.epochs=2", "trainer.ckpt_every_n_steps=3")
+    args = shards_args(shards, "train.epochs=2", "checkpoint.every_n_steps=3")
     stop_after_step_5(monkeypatch, args, tmp_path / "run")
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     payload = torch.load(last, map_location="cpu", weights_only=True)
@@ -142,7 +142,7 @@ def test_a_conversion_killed_with_sigkill_never_looks_complete_and_resumes(sourc
 @pytest.mark.slow  # a multirun of real train.py processes with a tune probe: about 40 s
 def test_a_worker_sweep_on_shards_reports_and_tune_chooses(shards: Path, tmp_path: Path, data_dir: Path) -> None:
     sweep = tmp_path / "sweep"
-    args = ["-m", *shards_args(shards, "data.tune_budget_s=3", "trainer.max_steps=24", "trainer.epochs=3")]
+    args = ["-m", *shards_args(shards, "data.tune_budget_s=3", "train.max_steps=24", "train.epochs=3")]
     args += ["data.num_workers=0,tune", f"hydra.sweep.dir={sweep}"]
     result = run_train(args, sweep / "unused", data_dir, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

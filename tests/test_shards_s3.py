@@ -92,7 +92,7 @@ def test_a_store_that_fails_ends_the_run_in_one_line_within_seconds(
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         started = time.monotonic()
-        error = failure(*shards_args(root, "dataset.timeout_s=1", "trainer.epochs=2"), run_dir=run_dir)
+        error = failure(*shards_args(root, "dataset.timeout_s=1", "train.epochs=2"), run_dir=run_dir)
         elapsed = time.monotonic() - started
     assert expected in str(error) and root in str(error), error
     assert elapsed < 15, f"{elapsed:.1f} s"  # bounded: 2 tries x 1 s per request, plus start-up
@@ -104,7 +104,7 @@ def test_a_store_that_fails_ends_the_run_in_one_line_within_seconds(
 def test_a_run_stopped_mid_epoch_resumes_from_object_storage_bit_identically(
     aws: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    args = shards_args(ROOT, "trainer.epochs=2", "trainer.deterministic=true", f"dataset.cache_dir={tmp_path}/cache")
+    args = shards_args(ROOT, "train.epochs=2", "system.deterministic=true", f"dataset.cache_dir={tmp_path}/cache")
     run(compose_cfg(*args, output_dir=str(tmp_path / "straight")))
     stop_after_step_5(monkeypatch, args, tmp_path / "part")
     run(compose_cfg(*args, output_dir=str(tmp_path / "part")))

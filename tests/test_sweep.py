@@ -80,7 +80,7 @@ def test_a_failed_job_is_a_row(tmp_path: Path, data_dir: Path) -> None:
 @pytest.mark.slow  # a real process group and a real Ctrl-C during the second job of a sweep
 def test_ctrl_c_in_a_sweep_saves_the_job_ends_the_sweep_and_reports_the_finished_ones(tmp_path: Path, data_dir: Path):
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, str(ROOT / "train.py"), "-m", *SWEEP, "trainer.epochs=1,40,1", f"hydra.sweep.dir={sweep}"]
+    cmd = [sys.executable, str(ROOT / "train.py"), "-m", *SWEEP, "train.epochs=1,40,1", f"hydra.sweep.dir={sweep}"]
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(data_dir), text=True, start_new_session=True, **pipes)
     _wait_for(sweep / "1" / "checkpoints" / "last.pt", proc)
@@ -103,9 +103,9 @@ def test_ceiling_modes(tmp_path: Path, mode: str) -> None:
         "dataset.num_val=16",
         "data.batch_size=16",
         "data.num_workers=0",
-        "trainer.max_steps=6",
-        "trainer.warmup_steps=1",
-        "trainer.log_every_n_steps=2",
+        "train.max_steps=6",
+        "metrics.skip_first_steps=1",
+        "metrics.log_every_n_steps=2",
         f"mode={mode}",
         "optimized_metric=images_per_sec",
     ]
@@ -123,8 +123,8 @@ def test_optuna_search(tmp_path: Path, data_dir: Path) -> None:
     sweep = tmp_path / "sweep"
     # A fixed batch (the command line wins over the search space): 256 images give every trial 8 steps with
     # steady-state windows to report. A larger batch would leave too few steps to measure.
-    args = ["hparams_search=loader", "hydra.sweeper.n_trials=3", "trainer.max_steps=8", *SWEEP]
-    args += ["trainer.epochs=4", "data.batch_size=32"]
+    args = ["hparams_search=loader", "hydra.sweeper.n_trials=3", "train.max_steps=8", *SWEEP]
+    args += ["train.epochs=4", "data.batch_size=32"]
     result = _sweep(args, sweep, data_dir)
     assert "Best value:" in result.stdout
     results = (sweep / "optimization_results.yaml").read_text()

@@ -75,7 +75,7 @@ def test_metrics_json_holds_the_final_summary(smoke_run) -> None:
     assert metrics["measured_steps"] == 6  # 8 steps minus 2 warm-up steps
     assert len(metrics["images_per_sec_windows"]) == 3
     assert metrics["rss_peak_gb"] > 0.1
-    assert metrics["profile_trace"] is None  # trainer.profile=false: no trace
+    assert metrics["profile_trace"] is None  # metrics.profile=false: no trace
     env = metrics["environment"]  # the pre-flight fingerprint (imgtrain.preflight)
     assert env["torch"] == metrics["torch_version"] and env["torchvision"] == metrics["torchvision_version"]
     assert env["python"].count(".") == 2 and env["cpus_available"] >= 1 and env["gpu_name"] is None

@@ -23,8 +23,8 @@ class WindowReport:
     gpu_util_pct: float = -1.0  # NVML's mean over the window; -1: not measured
     stop_signal: int = 0  # the first stop signal this rank received; 0: none
     unreadable: int = 0  # unreadable image reads since the last window
-    first_nan_step: int = -1  # trainer.nonfinite=stop: this rank's first step with a NaN/inf loss; -1: none
-    checkpoint_due: bool = False  # rank 0: trainer.ckpt_every_min has run out
+    first_nan_step: int = -1  # faults.nonfinite=stop: this rank's first step with a NaN/inf loss; -1: none
+    checkpoint_due: bool = False  # rank 0: checkpoint.every_min has run out
     write_failed: bool = False  # rank 0: the last background checkpoint write failed
 
 

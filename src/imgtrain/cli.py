@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from imgtrain.config import register_configs
+from imgtrain.config import moved_key_line, register_configs
 from imgtrain.dist import register_resolvers
 from imgtrain.errors import EXIT_BAD_INPUT, RunEnded, RunError
 
@@ -41,6 +41,9 @@ def one_line(error: BaseException) -> str:
         if isinstance(inner, RunError):
             return str(inner)
         inner = inner.__cause__
+    moved = moved_key_line(f"{error}\n{error.__cause__ or ''}")
+    if moved is not None:  # a key of the former trainer group: where it lives now
+        return moved
     parts: list[str] = []
     options: list[str] = []
     for exc in (error, error.__cause__):

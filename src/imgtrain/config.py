@@ -1,7 +1,7 @@
 """Typed config schemas (dataclasses in Hydra's ConfigStore): the one place every default is set.
 
 OmegaConf enforces the types and the Enum choices at composition time, so `data.batch_size=abc` and
-`trainer.precision=fp8` fail before `run` starts, naming the key and the accepted values. Range checks sit
+`system.precision=fp8` fail before `run` starts, naming the key and the accepted values. Range checks sit
 next to their fields (`_check`); `validate` runs them and the few checks that span fields, once, and returns
 the config as these dataclasses. The YAML files in conf/ only choose between schemas and set what differs.
 """
@@ -10,30 +10,23 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable
+import re
 from dataclasses import dataclass, field, fields, is_dataclass
-from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from imgtrain.config_datasets import (
+    CifarConfig,
+    DatasetConfig,
+    ImageFolderConfig,
+    ShapesConfig,
+    ShardsConfig,
+    SyntheticConfig,
+)
+from imgtrain.config_fields import AUTO, TUNE, Choice, at_least, auto_or_bool, checked, is_int
 from imgtrain.errors import ConfigError
-
-AUTO = "auto"
-TUNE = "tune"  # data.num_workers=tune: probe the loader at a few worker counts before training
-IMAGENET_MEAN = [0.485, 0.456, 0.406]
-IMAGENET_STD = [0.229, 0.224, 0.225]
-
-
-class Choice(str, Enum):
-    """A config choice: OmegaConf checks it and lists the options; it compares and prints as its name."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 class Device(Choice):
@@ -60,11 +53,6 @@ class NonFinite(Choice):
     skip = "skip"  # skip the update (counted); reads the loss every step
 
 
-class Decode(Choice):
-    cpu = "cpu"  # workers decode
-    cuda = "cuda"  # workers read bytes; the GPU decodes whole batches (nvJPEG)
-
-
 class StartMethod(Choice):
     fork = "fork"
     spawn = "spawn"
@@ -88,42 +76,9 @@ class Metric(Choice):
     step_time_ms = "step_time_ms"
 
 
-# ----------------------------------------------------------------------------- range checks, next to fields
-Check = Callable[[Any], str | None]  # None when the value is fine, else what is accepted
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def at_least(low: float, what: str = "an integer", note: str = "", null: str | None = None) -> Check:
-    """`value >= low`; `null`, when given, says what null means (and allows it)."""
-
-    def check(value: Any) -> str | None:
-        if value is None and null is not None:
-            return None
-        if value is None or value < low:
-            allowed = f"null{f' ({null})' if null else ''} or " if null is not None else ""
-            return f"expected {allowed}{what} >= {low:g}{f' ({note})' if note else ''}"
-        return None
-
-    return check
-
-
-def auto_or_bool(value: Any) -> str | None:
-    return None if value == AUTO or isinstance(value, bool) else "accepted values are auto, true, false"
-
-
-def _checked(default: Any, check: Check) -> Any:
-    """A field with its default and its range check (run by `validate`)."""
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"check": check})
-    return field(default=default, metadata={"check": check})
-
-
 # ----------------------------------------------------------------------------- data (the DataLoader)
 def _workers(value: Any) -> str | None:
-    ok = value in (AUTO, TUNE) or (_is_int(value) and value >= 0)
+    ok = value in (AUTO, TUNE) or (is_int(value) and value >= 0)
     return None if ok else "expected an integer >= 0, auto or tune"
 
 
@@ -131,115 +86,25 @@ def _workers(value: Any) -> str | None:
 class DataConfig:
     """Every DataLoader knob. Each one is overridable as data.<key>=..."""
 
-    batch_size: int = _checked(64, at_least(1, note="images per process"))  # global: x world_size
-    num_workers: Any = _checked(AUTO, _workers)  # auto: CPUs of this process / local world size, minus one
+    batch_size: int = checked(64, at_least(1, note="images per process"))  # global: x world_size
+    num_workers: Any = checked(AUTO, _workers)  # auto: CPUs of this process / local world size, minus one
     # num_workers=tune: before training, probe the loader at a few worker counts (this many seconds in all,
     # with the compute probe) and keep the fewest workers that stay 1.25x ahead of the model
-    tune_budget_s: float = _checked(20.0, lambda v: None if v >= 2 else "expected seconds >= 2")
+    tune_budget_s: float = checked(20.0, lambda v: None if v >= 2 else "expected seconds >= 2")
     pin_memory: bool = True  # page-locked host buffers; only meaningful with CUDA (turned off on CPU)
-    prefetch_factor: int | None = _checked(2, at_least(1, null=""))  # batches ahead per worker
+    prefetch_factor: int | None = checked(2, at_least(1, null=""))  # batches ahead per worker
     persistent_workers: bool = True  # keep workers alive across epochs instead of re-forking them
     drop_last: bool = True  # training only: avoids a tiny last batch (noisy BatchNorm, uneven DDP ranks)
     shuffle: bool = True  # training only; under DDP the DistributedSampler shuffles instead
-    distributed_sampler: Any = _checked(AUTO, auto_or_bool)  # auto: on under DDP
+    distributed_sampler: Any = checked(AUTO, auto_or_bool)  # auto: on under DDP
     multiprocessing_context: StartMethod | None = None  # null: the platform's default
-    timeout: float = _checked(0.0, at_least(0, "seconds", note="0 waits forever"))  # for a batch from a worker
+    timeout: float = checked(0.0, at_least(0, "seconds", note="0 waits forever"))  # for a batch from a worker
     seed_workers: bool = True  # seed python/numpy/torch in each worker so augmentation is reproducible
-    val_batch_size: int | None = _checked(None, at_least(1, null=""))  # null: 2 x batch_size
+    val_batch_size: int | None = checked(None, at_least(1, null=""))  # null: 2 x batch_size
     device_resident: bool = False  # whole training set as one uint8 tensor on the device, batched crop/flip there
     prefetch_to_device: bool = True  # on CUDA with pin_memory: copy the next batch on a side stream
-    max_bad_samples: int | None = _checked(100, at_least(0, null="no limit"))
+    max_bad_samples: int | None = checked(100, at_least(0, null="no limit"))
     stage_timings: bool = True  # time read/decode/augment/collate in the workers, transfer and copy in the loop
-
-
-# ----------------------------------------------------------------------------- datasets
-@dataclass
-class DatasetConfig:
-    """Fields every dataset has. `_target_` is the builder that `hydra.utils.instantiate` calls."""
-
-    _target_: str = MISSING
-    name: str = MISSING
-    image_size: int = _checked(64, at_least(8, note="pixels"))  # side of the square training crop
-    mean: list[float] = field(default_factory=lambda: list(IMAGENET_MEAN))  # 0..1 units, applied on the device
-    std: list[float] = field(default_factory=lambda: list(IMAGENET_STD))
-    augment: bool = True
-
-
-@dataclass
-class ShapesConfig(DatasetConfig):
-    """Procedurally drawn shapes, generated once as JPEG files in an ImageFolder layout."""
-
-    _target_: str = "imgtrain.data.datasets.build_shapes"
-    name: str = "shapes"
-    image_size: int = _checked(32, at_least(8, note="pixels"))
-    root: str = "${data_dir}/shapes"
-    num_train: int = _checked(5000, at_least(1))
-    num_val: int = _checked(1000, at_least(1))
-    seed: int = 0
-    mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
-    std: list[float] = field(default_factory=lambda: [0.25, 0.25, 0.25])
-
-
-@dataclass
-class SyntheticConfig(DatasetConfig):
-    """Random uint8 images held in memory: no decode cost, for compute-bound measurements."""
-
-    _target_: str = "imgtrain.data.datasets.build_synthetic"
-    name: str = "synthetic"
-    num_train: int = _checked(4096, at_least(1))
-    num_val: int = _checked(512, at_least(1))
-    num_classes: int = _checked(10, at_least(1))
-    seed: int = 0
-
-
-def _fraction(value: float) -> str | None:
-    return None if 0.0 < value < 1.0 else "expected a fraction between 0 and 1"
-
-
-@dataclass
-class ImageFolderConfig(DatasetConfig):
-    """Any ImageNet-style folder: root/train/<class>/*, root/val/<class>/*, or root/<class>/* plus a split."""
-
-    _target_: str = "imgtrain.data.datasets.build_imagefolder"
-    name: str = "imagefolder"
-    root: str | None = None  # required
-    val_fraction: float = _checked(0.1, _fraction)  # used only when root has no val/ folder
-    split_seed: int = 0
-    image_size: int = _checked(224, at_least(8, note="pixels"))
-    val_resize: int | None = None  # null = image_size / 0.875, the usual ImageNet ratio
-    decode: Decode = Decode.cpu
-
-
-@dataclass
-class ShardsConfig(DatasetConfig):
-    """An image folder packed by `imgtrain-shards SRC DST` (LitData shards), streamed from a directory or from
-    S3-compatible object storage (s3://bucket/prefix; credentials and endpoint from the standard AWS variables)."""
-
-    _target_: str = "imgtrain.data.shards.dataset.build_shards"
-    name: str = "shards"
-    root: str | None = None  # required: the DST that imgtrain-shards wrote, a directory or s3://bucket/prefix
-    image_size: int = _checked(224, at_least(8, note="pixels"))
-    val_resize: int | None = None  # null = image_size / 0.875, the usual ImageNet ratio
-    decode: Decode = Decode.cpu
-    # Object storage only: LitData keeps the chunks it fetches under cache_dir/<bucket>/<prefix>/<split>, on each
-    # node, shared by the ranks there; cache_limit_gb caps that (null: LitData's default, 75% of the free disk
-    # leaving at least 50 GB). Below the split's size, each chunk is deleted after use and fetched again next epoch.
-    cache_dir: str = "${data_dir}/shard-cache"
-    cache_limit_gb: float | None = _checked(None, at_least(0.001, "GB", null="LitData's default"))
-    timeout_s: float = _checked(10.0, lambda v: None if v > 0 else "expected seconds > 0")  # per request, 2 tries
-
-
-@dataclass
-class CifarConfig(DatasetConfig):
-    """torchvision's CIFAR-10/100; downloaded on first use, with a clear message when offline."""
-
-    _target_: str = "imgtrain.data.cifar.build_cifar"
-    name: str = "cifar10"  # cifar10 or cifar100
-    root: str = "${data_dir}/cifar"
-    download: bool = True
-    image_size: int = _checked(32, at_least(8, note="pixels"))
-    mean: list[float] = field(default_factory=lambda: [0.4914, 0.4822, 0.4465])
-    std: list[float] = field(default_factory=lambda: [0.2470, 0.2435, 0.2616])
 
 
 # ----------------------------------------------------------------------------- model and optimizer
@@ -268,7 +133,7 @@ class AdamWConfig:
     weight_decay: float = 0.05  # not applied to BatchNorm weights and biases
 
 
-# ----------------------------------------------------------------------------- trainer
+# ----------------------------------------------------------------------------- training, by concern
 def _resume(value: str) -> str | None:
     if value in (AUTO, "none") or os.path.isfile(os.path.expanduser(value)):
         return None
@@ -278,38 +143,99 @@ def _resume(value: str) -> str | None:
 _MINUTES = "expected minutes > 0, or null (save at every epoch end instead)"
 
 
+_SECONDS = "expected seconds > 0"
+
+
 @dataclass
-class TrainerConfig:
-    epochs: int = _checked(5, at_least(1))
-    max_steps: int | None = _checked(None, at_least(1, null=""))  # stop after this many optimizer steps
+class TrainConfig:
+    """The recipe: how long, from which seed, the learning-rate warmup and the loss. train.<key>=..."""
+
+    epochs: int = checked(5, at_least(1))
+    max_steps: int | None = checked(None, at_least(1, null=""))  # stop after this many optimizer steps
+    seed: int = 0
+    lr_warmup_epochs: float = checked(0.5, at_least(0, "a number"))  # linear LR warmup, then cosine to zero
+    label_smoothing: float = checked(0.0, lambda v: None if 0.0 <= v < 1.0 else "expected a number in [0, 1)")
+
+
+@dataclass
+class SystemConfig:
+    """Where and how the model runs. system.<key>=..."""
+
     device: Device = Device.auto
     precision: Precision = Precision.auto
-    channels_last: Any = _checked(AUTO, auto_or_bool)  # auto: on for CUDA
+    channels_last: Any = checked(AUTO, auto_or_bool)  # auto: on for CUDA
     compile: bool = False  # torch.compile the model
-    seed: int = 0
     deterministic: bool = False  # deterministic algorithms, cuDNN autotuning off: bit-exact reruns, also on GPU
-    warmup_steps: int = _checked(10, at_least(0))  # steps left out of throughput: start-up, first batches
-    log_every_n_steps: int = _checked(20, at_least(1))  # when the loop reads the loss back and logs
-    lr_warmup_epochs: float = _checked(0.5, at_least(0, "a number"))  # linear LR warmup, then cosine to zero
-    label_smoothing: float = _checked(0.0, lambda v: None if 0.0 <= v < 1.0 else "expected a number in [0, 1)")
-    progress_bar: Any = _checked(AUTO, auto_or_bool)  # auto: only on a terminal
-    monitor_interval_s: float = _checked(0.5, lambda v: None if v > 0 else "expected seconds > 0")  # NVML/CPU/RSS
-    dist_timeout_s: float = _checked(600.0, lambda v: None if v > 0 else "expected seconds > 0")  # collectives
-    resume: str = _checked(AUTO, _resume)  # auto: the run directory's checkpoints/last.pt, if any; none; a path
-    save_checkpoints: bool = True  # last.pt, last.prev.pt and best.pt under <run dir>/checkpoints (mode=train)
+
+
+@dataclass
+class CheckpointConfig:
+    """Saving and resuming. checkpoint.<key>=..."""
+
+    resume: str = checked(AUTO, _resume)  # auto: the run directory's checkpoints/last.pt, if any; none; a path
+    save: bool = True  # last.pt, last.prev.pt and best.pt under <run dir>/checkpoints (mode=train)
     # last.pt every this many minutes of wall time (rank 0's clock, checked at log windows), written in the
     # background; epoch ends save on the same clock (null: at every epoch end). Also saved: when validation
     # improves (best.pt), at the end of the run and on a stop signal.
-    ckpt_every_min: float | None = _checked(10.0, lambda v: None if v is None or v > 0 else _MINUTES)
-    ckpt_every_n_steps: int = _checked(0, at_least(0, note="0 = off"))  # also every this many steps
-    nonfinite: NonFinite = NonFinite.stop  # a NaN/inf loss: stop, or skip the step (counted)
+    every_min: float | None = checked(10.0, lambda v: None if v is None or v > 0 else _MINUTES)
+    every_n_steps: int = checked(0, at_least(0, note="0 = off"))  # also every this many steps
+
+
+@dataclass
+class MetricsConfig:
+    """What is measured and logged, and how often. metrics.<key>=..."""
+
+    # steps left out of throughput and data-wait figures: start-up (allocations, cuDNN autotuning), first batches
+    skip_first_steps: int = checked(10, at_least(0))
+    log_every_n_steps: int = checked(20, at_least(1))  # when the loop reads the loss back and logs
+    progress_bar: Any = checked(AUTO, auto_or_bool)  # auto: only on a terminal
+    monitor_interval_s: float = checked(0.5, lambda v: None if v > 0 else _SECONDS)  # NVML/CPU/RSS samples
     # After training, time the model alone (a copy, on a batch already on the device) to tell CPU contention
     # from compute-bound. auto: only when workers and training may compete for the CPUs
-    compute_probe: Any = _checked(AUTO, auto_or_bool)
-    # A torch.profiler trace of profile_steps steps after warmup_steps (+1 profiler warm-up step), rank 0 only:
-    # <run dir>/profile/trace_rank0.json.gz for https://ui.perfetto.dev, and the top operators as text.
+    compute_probe: Any = checked(AUTO, auto_or_bool)
+    # A torch.profiler trace of profile_steps steps after skip_first_steps (+1 profiler warm-up step), rank 0
+    # only: <run dir>/profile/trace_rank0.json.gz for https://ui.perfetto.dev, and the top operators as text.
     profile: bool = False
-    profile_steps: int = _checked(5, at_least(1, note="steps recorded"))
+    profile_steps: int = checked(5, at_least(1, note="steps recorded"))
+
+
+@dataclass
+class FaultsConfig:
+    """What a run does when something goes wrong while training. faults.<key>=... (The DataLoader's own limits,
+    data.max_bad_samples and data.timeout, are data keys.)"""
+
+    nonfinite: NonFinite = NonFinite.stop  # a NaN/inf loss: stop, or skip the step (counted)
+    dist_timeout_s: float = checked(600.0, lambda v: None if v > 0 else _SECONDS)  # a collective waits this long
+
+
+# trainer.* held all of the above until it was split by concern; an old key on the command line is named here.
+MOVED_KEYS = {
+    **{f"trainer.{key}": f"train.{key}" for key in ("epochs", "max_steps", "seed", "lr_warmup_epochs")},
+    "trainer.label_smoothing": "train.label_smoothing",
+    **{f"trainer.{key}": f"system.{key}" for key in ("device", "precision", "channels_last", "compile")},
+    "trainer.deterministic": "system.deterministic",
+    "trainer.resume": "checkpoint.resume",
+    "trainer.save_checkpoints": "checkpoint.save",
+    "trainer.ckpt_every_min": "checkpoint.every_min",
+    "trainer.ckpt_every_n_steps": "checkpoint.every_n_steps",
+    "trainer.warmup_steps": "metrics.skip_first_steps",
+    **{f"trainer.{key}": f"metrics.{key}" for key in ("log_every_n_steps", "progress_bar", "monitor_interval_s")},
+    **{f"trainer.{key}": f"metrics.{key}" for key in ("compute_probe", "profile", "profile_steps")},
+    "trainer.nonfinite": "faults.nonfinite",
+    "trainer.dist_timeout_s": "faults.dist_timeout_s",
+}
+
+
+def moved_key_line(message: str) -> str | None:
+    """The line for an error that names a key of the former `trainer` group (its new place), else None."""
+    names = re.findall(r"(?<![\w.])trainer(?:\.(\w+))?", message)
+    if not names:
+        return None
+    old = next((f"trainer.{key}" for key in names if f"trainer.{key}" in MOVED_KEYS), None)
+    split = "trainer.* was split by concern into train, system, checkpoint, metrics and faults"
+    if old is None:
+        return f"{split}: {', '.join(f'{key} is now {new}' for key, new in MOVED_KEYS.items())}"
+    return f"{old} is now {MOVED_KEYS[old]} ({split})"
 
 
 @dataclass
@@ -318,7 +244,11 @@ class Config:
     model: ModelConfig = MISSING
     data: DataConfig = MISSING
     optim: Any = MISSING
-    trainer: TrainerConfig = MISSING
+    train: TrainConfig = MISSING
+    system: SystemConfig = MISSING
+    checkpoint: CheckpointConfig = MISSING
+    metrics: MetricsConfig = MISSING
+    faults: FaultsConfig = MISSING
     mode: Mode = Mode.train
     optimized_metric: Metric = Metric.val_acc  # what run() returns to a sweeper: a key of metrics.json
     data_dir: str = "${oc.env:IMGTRAIN_DATA_DIR,'~/.cache/imgtrain'}"
@@ -338,7 +268,11 @@ def register_configs() -> None:
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="optim", name="base_sgd", node=SGDConfig)
     cs.store(group="optim", name="base_adamw", node=AdamWConfig)
-    cs.store(group="trainer", name="base_trainer", node=TrainerConfig)
+    cs.store(group="train", name="base_train", node=TrainConfig)
+    cs.store(group="system", name="base_system", node=SystemConfig)
+    cs.store(group="checkpoint", name="base_checkpoint", node=CheckpointConfig)
+    cs.store(group="metrics", name="base_metrics", node=MetricsConfig)
+    cs.store(group="faults", name="base_faults", node=FaultsConfig)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -390,6 +324,12 @@ def _check_across_fields(settings: Config) -> None:
 
 def validate(cfg: DictConfig) -> Config:
     """Check every value before any data is touched; return the config as typed dataclasses."""
+    known = [spec.name for spec in fields(Config)]
+    unknown = [str(key) for key in cfg if key not in known and key != "hydra"]  # `+name=...`: no schema reads it
+    if unknown:
+        node = cfg[unknown[0]]
+        named = f"{unknown[0]}.{next(iter(node))}" if isinstance(node, DictConfig) and node else unknown[0]
+        raise ConfigError(moved_key_line(named) or f"{named} is not a config key: the top level has {', '.join(known)}")
     try:
         settings: Config = OmegaConf.to_object(cfg)  # resolves interpolations and enforces types
     except Exception as err:  # OmegaConf's messages are several lines; keep the first, which names the key

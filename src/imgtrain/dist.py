@@ -110,7 +110,7 @@ def resolve_device(requested: str, info: DistInfo) -> torch.device:
     """
     has_cuda = torch.cuda.is_available()
     if requested == "cuda" and not has_cuda:
-        raise ConfigError("trainer.device=cuda but no CUDA GPU is visible: use trainer.device=auto or cpu")
+        raise ConfigError("system.device=cuda but no CUDA GPU is visible: use system.device=auto or cpu")
     if requested == "cpu" or not has_cuda:
         return torch.device("cpu")
     visible = torch.cuda.device_count()
@@ -119,7 +119,7 @@ def resolve_device(requested: str, info: DistInfo) -> torch.device:
     if max(info.local_rank + 1, info.local_world_size) > visible:
         raise ConfigError(
             f"{info.local_world_size} processes on this node but only {visible} GPU(s) are "
-            "visible: start at most one process per GPU (torchrun --nproc_per_node) or use trainer.device=cpu"
+            "visible: start at most one process per GPU (torchrun --nproc_per_node) or use system.device=cpu"
         )
     return torch.device("cuda", info.local_rank)
 

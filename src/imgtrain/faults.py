@@ -4,7 +4,7 @@ Under DDP every rank must take the same branch at the same step. Nothing here ad
 each rank's stop signal, unreadable-image count and first NaN step travel in its `agreement.WindowReport`
 with the metrics' one exchange per logging window, and every rank reads the same `Stop` from `stop()`
 after each step; the loop returns it and `Checkpointer.stopped` acts on it. The exception is
-trainer.nonfinite=skip, which must know before each update, by design.
+faults.nonfinite=skip, which must know before each update, by design.
 """
 
 from __future__ import annotations
@@ -98,11 +98,11 @@ class FaultCounts:
 
     skipped_samples: int = 0  # unreadable image reads, summed over ranks (a file read twice counts twice)
     unreadable_files: dict[str, str] = field(default_factory=dict)  # distinct unreadable files: path -> reason
-    nonfinite_steps: int = 0  # steps skipped because the loss was NaN or inf (trainer.nonfinite=skip)
+    nonfinite_steps: int = 0  # steps skipped because the loss was NaN or inf (faults.nonfinite=skip)
 
 
 class StopReason(Enum):
-    NONFINITE = "a NaN or infinite loss with trainer.nonfinite=stop"
+    NONFINITE = "a NaN or infinite loss with faults.nonfinite=stop"
     WRITE_FAILED = "a checkpoint write that failed"
     BAD_DATA = "more unreadable images than data.max_bad_samples"
     SIGNAL = "a stop signal"
@@ -154,7 +154,7 @@ class Faults:
         self.counts = FaultCounts()
         self.bad = BadSampleBudget(max_bad_samples, self.counts)
         self.unreported = 0  # this rank's unreadable reads since the last window
-        # trainer.nonfinite=stop: the first step with a NaN/inf loss (-1: none), on the device until a sync
+        # faults.nonfinite=stop: the first step with a NaN/inf loss (-1: none), on the device until a sync
         self.nan_step = torch.full((), -1, dtype=torch.long, device=device) if policy == NonFinite.stop else None
         self.stop_signal = 0  # agreed at a window: a stop signal any rank received
         self.first_nan = 0  # agreed at a window: the first NaN step on any rank
@@ -239,8 +239,8 @@ class Faults:
         self.counts.nonfinite_steps += 1
         return RunError(
             f"the training loss is NaN or infinite at step {self.first_nan} (epoch {epoch + 1}) and "
-            f"trainer.nonfinite=stop. {checkpoint} Lower optim.lr, try trainer.precision=fp32, or set "
-            "trainer.nonfinite=skip"
+            f"faults.nonfinite=stop. {checkpoint} Lower optim.lr, try system.precision=fp32, or set "
+            "faults.nonfinite=skip"
         )
 
     def merge_unreadable(self) -> None:

@@ -49,8 +49,8 @@ def train_one_epoch(
     profiler: Profiler,
 ) -> Stop | None:
     """One pass over `batches` (images and labels already on the device), or until a stop: the stop, if any.
-    No GPU sync here: the metrics read the loss back every `trainer.log_every_n_steps` steps, where the ranks
-    agree on what stops the run. The `profiler.range`s label the trace of trainer.profile=true; otherwise they
+    No GPU sync here: the metrics read the loss back every `metrics.log_every_n_steps` steps, where the ranks
+    agree on what stops the run. The `profiler.range`s label the trace of metrics.profile=true; otherwise they
     do nothing."""
     model.train()
     for images, labels in batches:
@@ -59,8 +59,8 @@ def train_one_epoch(
             step.update(loss, mark=profiler.range)  # backward, optimizer (via the fp16 scaler), LR schedule
         progress.advance(labels.shape[0])
         metrics.step(progress.step, loss, logits, labels)  # a logging step: one sync, one exchange across ranks
-        checkpointer.step()  # last.pt every trainer.ckpt_every_n_steps steps or ckpt_every_min minutes
-        profiler.step()  # trainer.profile=true: the trace is written after its last step
+        checkpointer.step()  # last.pt every checkpoint.every_n_steps steps or checkpoint.every_min minutes
+        profiler.step()  # metrics.profile=true: the trace is written after its last step
         # termination conditions, agreed by every rank at the last logging window (one process: a signal at once)
         stop = faults.stop()  # a stop signal, a NaN/inf loss, the bad-data budget, a failed checkpoint write
         if stop:
@@ -110,7 +110,7 @@ class EpochBatches:
 
     @property
     def completed(self) -> bool:
-        """Whether the whole epoch was taken (not cut short by trainer.max_steps)."""
+        """Whether the whole epoch was taken (not cut short by train.max_steps)."""
         return self.exhausted or self.taken >= len(self.loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -216,7 +216,7 @@ def fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mo
 
 def _end_epoch(model: nn.Module, data: RunData, step: Step, parts: Components, *, epochs: int, completed: bool):
     """Validate, log, and save (always at the end of the run; best.pt when accuracy improved). An epoch cut
-    short by trainer.max_steps keeps its position, so a longer run continues from there."""
+    short by train.max_steps keeps its position, so a longer run continues from there."""
     progress = parts.progress
     improved = progress.validated(evaluate(model, data, step, parts.faults, parts.checkpointer.settled_checkpoint))
     val = {"val/loss": progress.val["val_loss"], "val/acc": progress.val["val_acc"]}

@@ -60,12 +60,12 @@ def resolve_precision(requested: str, device: torch.device) -> Precision:
     if requested == Precision.auto:
         return Precision.bf16 if bf16_ok else Precision.fp32
     if requested == Precision.fp16 and not cuda:
-        raise ConfigError("trainer.precision=fp16 needs a CUDA device: on CPU use fp32 or bf16")
+        raise ConfigError("system.precision=fp16 needs a CUDA device: on CPU use fp32 or bf16")
     if requested == Precision.bf16 and cuda and not bf16_ok:
         major, minor = capability
         raise ConfigError(
-            f"trainer.precision=bf16 needs compute capability 8.0 or higher, and {device} has {major}.{minor}: "
-            "use trainer.precision=fp16 or fp32"
+            f"system.precision=bf16 needs compute capability 8.0 or higher, and {device} has {major}.{minor}: "
+            "use system.precision=fp16 or fp32"
         )
     return Precision(requested)
 
@@ -93,7 +93,7 @@ def prepare_model(
     base = model
     if info.enabled:
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if settings.trainer.compile:
+    if settings.system.compile:
         model = torch.compile(model)
     return model, base
 
@@ -103,7 +103,7 @@ def evaluation_module(model: nn.Module) -> nn.Module:
     (BatchNorm statistics) from rank 0 on every call, a collective that hangs when the ranks have different numbers
     of validation batches (LitData does not pad its shares; ShardSampler's can differ by one at a batch boundary).
     The buffers are broadcast once here instead, as DDP's first forward did, so the figures do not change. With
-    trainer.compile=true under DDP, validation therefore runs uncompiled."""
+    system.compile=true under DDP, validation therefore runs uncompiled."""
     wrapped = getattr(model, "_orig_mod", model)  # torch.compile's wrapper around DDP
     if not isinstance(wrapped, DistributedDataParallel):
         return model

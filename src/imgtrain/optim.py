@@ -112,12 +112,12 @@ def build_step(
     params = param_groups(base, settings.optim.weight_decay)
     optimizer = instantiate(settings.optim, params=params, _convert_="all", fused=True)
     steps_per_epoch, total_steps = steps
-    warmup = round(settings.trainer.lr_warmup_epochs * steps_per_epoch)
+    warmup = round(settings.train.lr_warmup_epochs * steps_per_epoch)
     return Step(
         optimizer=optimizer,
         scheduler=warmup_cosine(optimizer, warmup, total_steps),
         scaler=torch.amp.GradScaler(device.type, enabled=precision == Precision.fp16),
         device_type=device.type,
         dtype=DTYPES[precision],
-        label_smoothing=settings.trainer.label_smoothing,
+        label_smoothing=settings.train.label_smoothing,
     )

@@ -22,7 +22,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from imgtrain import dist
-from imgtrain.config import Config, Decode, Mode
+from imgtrain.config import Config, Mode
+from imgtrain.config_datasets import Decode
 from imgtrain.data.datasets import EncodedFileDataset, ImageFileDataset
 from imgtrain.data.pipeline import RunData
 from imgtrain.environment import ProbePaths, fingerprint, fs_kind, guarded

@@ -1,7 +1,7 @@
-"""`trainer.profile=true`: a torch.profiler trace of a few steady-state steps, opened in Perfetto.
+"""`metrics.profile=true`: a torch.profiler trace of a few steady-state steps, opened in Perfetto.
 
-The schedule waits `trainer.warmup_steps` steps (start-up is not the steady state), warms the profiler up for
-one step, then records `trainer.profile_steps` steps. The loop marks labelled ranges (`RANGES`, as
+The schedule waits `metrics.skip_first_steps` steps (start-up is not the steady state), warms the profiler up for
+one step, then records `metrics.profile_steps` steps. The loop marks labelled ranges (`RANGES`, as
 `imgtrain/<name>`) through `Profiler.range`; with profiling off, or once the trace is written, that is a
 shared no-op context: a `record_function` costs 13-22 us even with no profiler running (2-core VM), five
 of them per step. Only rank 0 profiles: every rank runs the same step, and one trace shows its shape.
@@ -20,7 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 
 from imgtrain import dist
-from imgtrain.config import TrainerConfig
+from imgtrain.config import MetricsConfig
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +44,15 @@ class Profiler:
     """
 
     def __init__(
-        self, trainer: TrainerConfig, device: torch.device, info: dist.DistInfo, out_dir: Path, steps_left: int
+        self, measure: MetricsConfig, device: torch.device, info: dist.DistInfo, out_dir: Path, steps_left: int
     ) -> None:
-        self.wait, self.active = trainer.warmup_steps, trainer.profile_steps
+        self.wait, self.active = measure.skip_first_steps, measure.profile_steps
         self.needed = self.wait + PROFILER_WARMUP + self.active  # steps from this process's start to the trace
-        self.enabled = trainer.profile and info.is_main
+        self.enabled = measure.profile and info.is_main
         if self.enabled and steps_left < self.needed:
             log.warning(
-                "trainer.profile=true needs %d steps (trainer.warmup_steps=%d, %d profiler warm-up, "
-                "trainer.profile_steps=%d) but this run has %d to go: no trace is written",
+                "metrics.profile=true needs %d steps (metrics.skip_first_steps=%d, %d profiler warm-up, "
+                "metrics.profile_steps=%d) but this run has %d to go: no trace is written",
                 *(self.needed, self.wait, PROFILER_WARMUP, self.active, steps_left),
             )
             self.enabled = False

@@ -78,16 +78,16 @@ def _end_sweep(stop: Preempted) -> None:
 
 def _run(settings: Config) -> dict:
     info = dist.dist_info_from_env()
-    device = dist.resolve_device(settings.trainer.device, info)
-    precision = resolve_precision(settings.trainer.precision, device)
+    device = dist.resolve_device(settings.system.device, info)
+    precision = resolve_precision(settings.system.precision, device)
     if not info.is_main:
         logging.getLogger().setLevel(logging.WARNING)  # other ranks print warnings and errors only
-    dist.setup(info, device, settings.trainer.dist_timeout_s)
+    dist.setup(info, device, settings.faults.dist_timeout_s)
     try:
         return _train(settings, info, device, precision)
     finally:
         dist.teardown()
-        if settings.trainer.compile:
+        if settings.system.compile:
             torch._dynamo.reset()  # the next job of a sweep compiles its own model, not this one's cached graphs
         shard_loaders.close_all()  # dataset=shards: LitData's workers, before the collector could lose their shutdown
         gc.collect()  # shut down DataLoader workers and free memory before the next job of a sweep
@@ -118,12 +118,11 @@ def _train(settings: Config, info: dist.DistInfo, device: torch.device, precisio
 def _train_locked(
     settings: Config, info: dist.DistInfo, device: torch.device, precision: str, out_dir: Path, started: float
 ) -> dict:
-    trainer = settings.trainer
-    seed_everything(trainer.seed, trainer.deterministic)
-    memory_format = memory_format_for(trainer.channels_last, device)
+    seed_everything(settings.train.seed, settings.system.deterministic)
+    memory_format = memory_format_for(settings.system.channels_last, device)
     data = build_data(settings, info, device, memory_format, out_dir)
     steps_per_epoch = len(data.train)
-    total_steps = min(trainer.epochs * steps_per_epoch, trainer.max_steps or math.inf)
+    total_steps = min(settings.train.epochs * steps_per_epoch, settings.train.max_steps or math.inf)
     epochs = math.ceil(total_steps / steps_per_epoch)
     model, base = prepare_model(settings, data.bundle.num_classes, device, memory_format, info)
     # the model's own images/s in `seconds`: a copy of it on a batch already on the device (tune.compute_rate)
@@ -138,7 +137,7 @@ def _train_locked(
         "device %s, precision %s, world size %d, %d epoch(s) x %d steps (%d steps in all)",
         *(device, precision, info.world_size, epochs, steps_per_epoch, total_steps),
     )
-    faults = Faults(trainer.nonfinite, settings.data.max_bad_samples, device, alone=not info.enabled)
+    faults = Faults(settings.faults.nonfinite, settings.data.max_bad_samples, device, alone=not info.enabled)
     checkpointer = Checkpointer(settings, out_dir, info, faults)
     faults.signals.last_checkpoint = checkpointer.last_checkpoint  # what a second Ctrl-C names as it exits
     checkpointer.attach(base, step, total_steps, order=data.order)
@@ -150,7 +149,7 @@ def _train_locked(
     pipeline = PipelineMeter(data.loader_args["train"]["num_workers"], data.feed.copy_timer)
     agreeing = {"also_agreeing": [checkpointer], "pipeline": pipeline, "environment": environment}
     metrics = Metrics(settings, device, info, out_dir, faults, **agreeing)
-    profiler = Profiler(trainer, device, info, out_dir, steps_left=total_steps - progress.step)
+    profiler = Profiler(settings.metrics, device, info, out_dir, steps_left=total_steps - progress.step)
     parts = Components(faults, metrics, checkpointer, progress, profiler)
     lr = lambda: step.scheduler.get_last_lr()[0]  # noqa: E731
     running = metrics.running(progress.step, total_steps, lr=lr)
@@ -196,13 +195,13 @@ def _own_rate(
     settings: Config, data: RunData, metrics: Metrics, device: torch.device, model_rate: Callable[[float], float]
 ) -> float | None:
     """The model's own images/s, for telling CPU contention from compute-bound: the tune probe's, or timed now
-    (with the workers idle) when trainer.compute_probe says so."""
+    (with the workers idle) when metrics.compute_probe says so."""
     tuned = data.loader_args.get("tune")
     if tuned:
         return tuned["compute_images_per_sec"]
     wait_frac, busy_cores = metrics.local_input_load()
     workers = data.loader_args["train"]["num_workers"]
-    probe = settings.trainer.compute_probe
+    probe = settings.metrics.compute_probe
     if settings.mode != Mode.train or not tune.contention_plausible(probe, wait_frac, busy_cores, workers, device):
         return None
     rate = model_rate(tune.CONTENTION_PROBE_S)

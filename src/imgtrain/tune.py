@@ -141,7 +141,7 @@ def tune_workers(
     table: list[dict[str, float]] = []
     for workers in counts:
         plan = plan_with_workers(settings.data, workers, feed.device.type, info)
-        measured = loader_rate(dataset, plan, feed, seconds, info, settings.trainer.seed)
+        measured = loader_rate(dataset, plan, feed, seconds, info, settings.train.seed)
         table.append({"num_workers": workers, "images_per_sec": measured})
         log.info(
             "  num_workers=%-3d %10.1f images/s%s", workers, measured, "  (ahead)" if measured >= AHEAD * rate else ""
@@ -154,7 +154,7 @@ def tune_workers(
 def contention_plausible(
     setting: bool | str, wait_frac: float | None, busy_cores: float, workers: int, device: torch.device
 ) -> bool:
-    """Whether to time the model alone after training (trainer.compute_probe): always when true; with auto, when
+    """Whether to time the model alone after training (metrics.compute_probe): always when true; with auto, when
     the run was not input-bound and its loading plus the training process asked for more CPUs than it has."""
     if setting is True or setting is False:
         return setting

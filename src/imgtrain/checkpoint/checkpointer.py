@@ -1,7 +1,7 @@
 """The run's checkpointer: when to save, saving without stalling the loop, and resuming.
 
-When: every `trainer.ckpt_every_min` minutes of wall time (rank 0's clock, agreed at a logging window so every
-rank saves at the same step), every `trainer.ckpt_every_n_steps` steps if set, at an epoch end when the clock
+When: every `checkpoint.every_min` minutes of wall time (rank 0's clock, agreed at a logging window so every
+rank saves at the same step), every `checkpoint.every_n_steps` steps if set, at an epoch end when the clock
 says so or validation improved (best.pt), at the end of the run, and at once on a stop signal.
 How: the training thread copies the state to host memory (`HostSnapshot`) and goes on; `AsyncWriter` writes,
 verifies and renames it in the background. Only rank 0 writes; the other ranks never wait for a periodic save.
@@ -42,12 +42,11 @@ class Checkpointer:
     """
 
     def __init__(self, settings: Config, out_dir: Path, info: dist.DistInfo, faults: Faults) -> None:
-        trainer = settings.trainer
         self.settings, self.info, self.faults = settings, info, faults
-        self.writes = settings.mode == Mode.train and trainer.save_checkpoints  # ceilings: speed only
+        self.writes = settings.mode == Mode.train and settings.checkpoint.save  # ceilings: speed only
         self.store = CheckpointStore(out_dir / DIRNAME, enabled=self.writes and info.is_main)
-        self.every_steps = trainer.ckpt_every_n_steps
-        self.every_s = None if trainer.ckpt_every_min is None else trainer.ckpt_every_min * 60.0
+        self.every_steps = settings.checkpoint.every_n_steps
+        self.every_s = None if settings.checkpoint.every_min is None else settings.checkpoint.every_min * 60.0
         self.last_save = time.monotonic()  # the clock starts with the run
         self.due = False  # agreed at a window: rank 0's clock has run out
         self.written_step: int | None = None  # the step of the newest checkpoint known to be on disk
@@ -85,7 +84,7 @@ class Checkpointer:
     # ------------------------------------------------------------------ the loop's calls
     def step(self) -> None:
         """After every step: save when the clock or the step interval says, unless a stop (which saves) is agreed
-        or, with trainer.nonfinite=stop, a NaN loss has reached the weights."""
+        or, with faults.nonfinite=stop, a NaN loss has reached the weights."""
         step = self.progress.step
         interval = self.every_steps and step % self.every_steps == 0
         if not ((interval or self.due) and step < self.total_steps) or self.faults.stop():
@@ -112,12 +111,12 @@ class Checkpointer:
         return Preempted(
             stop.signum,
             f"{name} at step {step}: {where} Run the same command again in the same run directory "
-            "(hydra.run.dir=...) to continue, or pass trainer.resume=<checkpoint>",
+            "(hydra.run.dir=...) to continue, or pass checkpoint.resume=<checkpoint>",
         )
 
     def end_epoch(self, improved: bool, last: bool) -> None:
         """At an epoch end: save when validation improved (best.pt too), when the clock says (every epoch with
-        trainer.ckpt_every_min=null), and at the end of the run, where every rank waits for the write."""
+        checkpoint.every_min=null), and at the end of the run, where every rank waits for the write."""
         if last:
             self.save_and_wait(best=improved)
         elif improved or self.due or self.every_s is None:
@@ -130,7 +129,7 @@ class Checkpointer:
         self.faults.merge_unreadable()  # every rank's distinct unreadable files, into the saved progress
         self.due, self.last_save = False, time.monotonic()
         if not self.writes:
-            return "Checkpoints are off (trainer.save_checkpoints=false or mode is not train)."
+            return "Checkpoints are off (checkpoint.save=false or mode is not train)."
         if self.store.enabled:
             self._start_write(best, wait)
         return f"The last checkpoint is {self.store.last} (step {self.progress.step})."
@@ -218,7 +217,7 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ resume
     def resume(self, replicas: int = 1) -> Progress:
-        """Load what `trainer.resume` points at (rank 0 chooses the file, every rank reads it), else start fresh:
+        """Load what `checkpoint.resume` points at (rank 0 chooses the file, every rank reads it), else start fresh:
         the loop's Progress (`replicas`: the ranks the training order is sharded over)."""
         self.progress = Progress(replicas=replicas)
         if self.settings.mode != Mode.train:
@@ -226,7 +225,7 @@ class Checkpointer:
         found, problem = None, None
         if self.info.is_main:
             try:
-                found = locate(self.settings.trainer.resume, self.store)
+                found = locate(self.settings.checkpoint.resume, self.store)
             except (ConfigError, RunError) as error:
                 problem = error
         chosen = dist.broadcast_object(
@@ -250,7 +249,7 @@ class Checkpointer:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise RunError(
                 f"the checkpoint {chosen} does not fit this run's model or optimizer ({first}): resume with the "
-                "settings it was trained with, or pass trainer.resume=none (or a new hydra.run.dir) to start over"
+                "settings it was trained with, or pass checkpoint.resume=none (or a new hydra.run.dir) to start over"
             ) from None
         restore_rng(payload["rng"])
         if self.order is not None:

@@ -144,14 +144,14 @@ class CheckpointStore:
             return path, payload
         if problems:
             raise RunError(
-                f"no usable checkpoint in {self.directory}: {'; '.join(problems)}. Pass trainer.resume=none to "
-                "start over, or trainer.resume=/path/to/checkpoint.pt"
+                f"no usable checkpoint in {self.directory}: {'; '.join(problems)}. Pass checkpoint.resume=none to "
+                "start over, or checkpoint.resume=/path/to/checkpoint.pt"
             )
         return None
 
 
 def locate(resume: str, store: CheckpointStore) -> tuple[Path, dict[str, Any]] | None:
-    """What `trainer.resume` points at: auto (this run directory's checkpoints), none, or a file."""
+    """What `checkpoint.resume` points at: auto (this run directory's checkpoints), none, or a file."""
     if resume == "none":
         return None
     if resume == "auto":
@@ -160,4 +160,4 @@ def locate(resume: str, store: CheckpointStore) -> tuple[Path, dict[str, Any]] |
     try:
         return path, load(path)
     except CheckpointError as error:
-        raise ConfigError(f"trainer.resume={resume} cannot be used: {error}") from None
+        raise ConfigError(f"checkpoint.resume={resume} cannot be used: {error}") from None

@@ -18,17 +18,15 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 
 from imgtrain.data import shapes, stages
+from imgtrain.data.folders import folder_splits, list_images
 from imgtrain.data.jpeg import EncodedJpeg, jpeg_problem
-from imgtrain.errors import ConfigError
 
 # torchvision 0.29 deprecates its decoders in favour of TorchCodec (not a dependency) and warns on every call.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision")
-LAYOUT_HINT = "expected root/<class>/*.jpg or root/train/<class>/ and root/val/<class>/"
 
 
 class CorruptSampleError(Exception):
@@ -197,73 +195,6 @@ class TensorImageDataset(Dataset):
 
 
 # ----------------------------------------------------------------------------- listing image folders
-def _no_images(root: str) -> ConfigError:
-    return ConfigError(f"dataset.root={root} has no class folders with images ({LAYOUT_HINT})")
-
-
-def list_images(directory: str, class_to_idx: dict[str, int] | None = None) -> tuple[list[str], list[int], list[str]]:
-    """(paths, labels, classes) of directory/<class>/**/<image>, via torchvision's own helpers.
-
-    Without `class_to_idx` the classes are discovered, and folders without images (or hidden ones) left out.
-    """
-    if class_to_idx is not None:
-        samples = make_dataset(directory, class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
-        classes = sorted(class_to_idx, key=class_to_idx.__getitem__)
-        return [p for p, _ in samples], [label for _, label in samples], classes
-    try:
-        names = [n for n in find_classes(directory)[0] if not n.startswith(".")]
-    except FileNotFoundError:
-        return [], [], []
-    samples = make_dataset(directory, {n: i for i, n in enumerate(names)}, extensions=IMG_EXTENSIONS, allow_empty=True)
-    used = sorted({label for _, label in samples})
-    remap = {old: new for new, old in enumerate(used)}
-    return [p for p, _ in samples], [remap[label] for _, label in samples], [names[i] for i in used]
-
-
-def split_indices(labels: list[int], val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Stratified, deterministic (train, val) index split: each class keeps >= 1 train image."""
-    labels_arr = np.asarray(labels, dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    train, val = [], []
-    for label in np.unique(labels_arr):
-        members = rng.permutation(np.flatnonzero(labels_arr == label))
-        n_val = min(len(members) - 1, round(len(members) * val_fraction))
-        val.append(members[:n_val])
-        train.append(members[n_val:])
-    return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
-
-
-def folder_splits(root: str, val_fraction: float, split_seed: int) -> tuple[tuple, tuple, list[str]]:
-    """((train paths, labels), (val paths, labels), classes) of an image folder, in either layout (`imgtrain-shards`
-    splits the same way, so a model trained on shards sees the same split)."""
-    train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
-    if os.path.isdir(train_dir) and os.path.isdir(val_dir):
-        paths, labels, classes = list_images(train_dir)
-        if not classes:
-            raise _no_images(root)
-        val_paths, val_labels, _ = list_images(val_dir, {c: i for i, c in enumerate(classes)})
-        extra = sorted(set(_subdirs(val_dir)) - set(classes))
-        if extra or not val_paths:
-            what = f"class folders missing from train/: {', '.join(extra[:5])}" if extra else "no images"
-            raise ConfigError(f"dataset.root={root}: val/ has {what} ({LAYOUT_HINT})")
-        return (paths, labels), (val_paths, val_labels), classes
-    paths, labels, classes = list_images(root)
-    if not classes:
-        raise _no_images(root)
-    train_idx, val_idx = split_indices(labels, val_fraction, split_seed)
-    if len(val_idx) == 0:
-        raise ConfigError(f"dataset.root={root}: too few images for dataset.val_fraction={val_fraction}")
-    return _take(paths, labels, train_idx), _take(paths, labels, val_idx), classes
-
-
-def _take(paths: list[str], labels: list[int], idx: np.ndarray) -> tuple[list[str], list[int]]:
-    return [paths[i] for i in idx], [labels[i] for i in idx]
-
-
-def _subdirs(directory: str) -> list[str]:
-    return [e.name for e in os.scandir(directory) if e.is_dir() and not e.name.startswith(".")]
-
-
 # ----------------------------------------------------------------------------- builders
 def build_shapes(
     name: str,

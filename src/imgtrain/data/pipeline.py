@@ -14,7 +14,8 @@ from hydra.utils import instantiate
 from torch.utils.data import DataLoader
 
 from imgtrain import dist
-from imgtrain.config import Config, DataConfig, Decode, Mode
+from imgtrain.config import Config, DataConfig, Mode
+from imgtrain.config_datasets import Decode
 from imgtrain.data.datasets import DatasetBundle
 from imgtrain.data.failures import stop_workers
 from imgtrain.data.feed import DeviceBatches, Feed, build_resident
@@ -119,7 +120,7 @@ def use_tuned_workers(data: RunData, settings: Config, info: dist.DistInfo, devi
     else:
         plan = plan_with_workers(settings.data, tuned["chosen"], device.type, info)
     shard = {"rank": info.rank, "world_size": info.world_size}
-    data.train = make_loader(data.bundle.train, plan, train=True, seed=settings.trainer.seed, replan=replan, **shard)
+    data.train = make_loader(data.bundle.train, plan, train=True, seed=settings.train.seed, replan=replan, **shard)
     data.loader_args["train"] = plan.describe()
     data.loader_args["tune"] = tuned
 
@@ -196,7 +197,7 @@ def build_data(
     settings: Config, info: dist.DistInfo, device: torch.device, memory_format: torch.memory_format, out_dir: Path
 ) -> RunData:
     """Dataset, loaders and feed; the effective loader arguments are logged, and saved by rank 0."""
-    seed = settings.trainer.seed
+    seed = settings.train.seed
     with dist.main_process_first(info):  # rank 0 generates `shapes` once; the others then reuse its files
         bundle = instantiate(settings.dataset, _convert_="all")
     log.info(
@@ -217,8 +218,8 @@ def build_data(
         )
     batch_size = train_plan.kwargs["batch_size"]
     if settings.mode == Mode.compute:  # the compute ceiling: no loader at all, one batch already on the device
-        # trainer.max_steps steps in one pass: the dataset's size does not cut a ceiling measurement short
-        train_loader = DeviceBatches.random(bundle, batch_size, settings.trainer.max_steps or len(train_loader), device)
+        # train.max_steps steps in one pass: the dataset's size does not cut a ceiling measurement short
+        train_loader = DeviceBatches.random(bundle, batch_size, settings.train.max_steps or len(train_loader), device)
     elif train_plan.device_resident:
         train_loader = build_resident(
             bundle,

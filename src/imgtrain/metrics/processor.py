@@ -2,7 +2,7 @@
 
 It owns the step windows, the resource monitor, TensorBoard, the progress bar and the end-of-run summary, and
 reduces across ranks in one place. The loop hands it each step's loss on the device; it reads numbers back
-only every `trainer.log_every_n_steps` steps, where one sync and one small CPU exchange happen: each rank's
+only every `metrics.log_every_n_steps` steps, where one sync and one small CPU exchange happen: each rank's
 `agreement.WindowReport`, which also carries the fault handler's fields (stop signal, unreadable files, first
 NaN step) and the checkpointer's (its clock, a failed write).
 """
@@ -63,15 +63,14 @@ class Metrics:
         pipeline: PipelineMeter | None = None,
         environment: dict[str, Any] | None = None,
     ):
-        trainer = settings.trainer
         self.settings, self.device, self.info, self.faults = settings, device, info, faults
         self.parties: list[Agreeing] = [faults, *also_agreeing]  # what the window's exchange carries
         self.environment = environment  # the pre-flight fingerprint (preflight.py)
-        self.log_every, self.warmup_steps = trainer.log_every_n_steps, trainer.warmup_steps
+        self.log_every, self.warmup_steps = settings.metrics.log_every_n_steps, settings.metrics.skip_first_steps
         self.losses = settings.mode != Mode.loader  # mode=loader's stand-in model has no loss worth showing
-        self.meter = StepMeter(trainer.warmup_steps)
+        self.meter = StepMeter(settings.metrics.skip_first_steps)
         self.pipeline = pipeline or PipelineMeter(workers=0)
-        self.monitor = ResourceMonitor(device, trainer.monitor_interval_s)
+        self.monitor = ResourceMonitor(device, settings.metrics.monitor_interval_s)
         self.tb_dir = str(out_dir / "tb")
         self.tb: MetricsLogger | None = None
         self.bar: Any = None
@@ -102,7 +101,7 @@ class Metrics:
 
     # ------------------------------------------------------------------ during an epoch
     def begin_epoch(self, epoch: int, steps: int) -> None:
-        self.bar = progress_bar(steps, epoch, self.settings.trainer.progress_bar)
+        self.bar = progress_bar(steps, epoch, self.settings.metrics.progress_bar)
         self.sums.zero_()
         self.wait = 0.0
         self.pipeline.discard_copies()
@@ -202,7 +201,7 @@ class Metrics:
         profile_trace: str | None = None,
     ) -> dict[str, Any]:
         """The run's final figures (`summary.RunSummary`, as a dict), reduced over ranks (every rank must call
-        it); `profile_trace`: rank 0's trace of trainer.profile=true, if written."""
+        it); `profile_trace`: rank 0's trace of metrics.profile=true, if written."""
         self.faults.merge_unreadable()
         perf, resources = self.meter.summary(), self.monitor.summary()
         measured, util = perf["images_per_sec"] is not None, resources.get("gpu_util_mean")

@@ -144,9 +144,9 @@ def why_not_measured(steps_run: int, warmup_steps: int) -> str:
     """Why a run has no throughput figure, and how to get one."""
     if steps_run <= warmup_steps:
         return (
-            f"not measured: all {steps_run} steps of this run were warm-up steps (trainer.warmup_steps="
-            f"{warmup_steps}), which throughput leaves out; run more steps (trainer.max_steps) or lower "
-            "trainer.warmup_steps"
+            f"not measured: all {steps_run} steps of this run were warm-up steps (metrics.skip_first_steps="
+            f"{warmup_steps}), which throughput leaves out; run more steps (train.max_steps) or lower "
+            "metrics.skip_first_steps"
         )
     return f"not measured: no steady-state window closed in this run's {steps_run} steps"
 

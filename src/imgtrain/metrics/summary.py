@@ -21,7 +21,7 @@ class RunSummary:
     data_wait_frac: float | None  # share of step time waiting for a batch, mean over ranks
     data_wait_frac_max: float | None  # the slowest rank's
     step_time_ms: float | None
-    measured_steps: int  # steps in the steady state (after trainer.warmup_steps)
+    measured_steps: int  # steps in the steady state (after metrics.skip_first_steps)
     gpu_util_mean: float | None  # NVML, %
     gpu_util_mean_per_rank: list[float | None]
     gpu_mem_used_max_gb: float | None  # NVML, device-wide
@@ -42,7 +42,7 @@ class RunSummary:
     unreadable_files: list[dict[str, str]]  # the first UNREADABLE_LISTED: path and reason
     nonfinite_steps: int
     wall_time_s: float
-    profile_trace: str | None  # trainer.profile=true: rank 0's trace
+    profile_trace: str | None  # metrics.profile=true: rank 0's trace
     loader: dict[str, Any]  # the effective training DataLoader arguments
     loader_val: dict[str, Any]
     batch_size_global: int

@@ -31,7 +31,8 @@ from pathlib import Path
 import litdata
 from tqdm import tqdm
 
-from imgtrain.data.datasets import decode_problem, folder_splits
+from imgtrain.data.datasets import decode_problem
+from imgtrain.data.folders import folder_splits
 from imgtrain.data.shards import engine
 from imgtrain.data.shards.manifest import MANIFEST, PARTIAL, SPLITS, Manifest, SplitFiles
 from imgtrain.data.shards.store import Location, Store
