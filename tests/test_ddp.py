@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from helpers import FAST, run_torchrun, run_train, start_torchrun
@@ -129,6 +133,14 @@ def test_nccl_binds_the_process_group_to_the_device(monkeypatch: pytest.MonkeyPa
     assert calls["backend"] == "gloo" and "device_id" not in calls
 
 
+def test_a_collective_failed_by_a_gone_peer_is_one_line_naming_it() -> None:
+    gloo = RuntimeError("[/pytorch/gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:924. This is")
+    line = str(dist.lost_peer(gloo, dist.DistInfo(rank=1, world_size=2)))
+    assert line.startswith("rank 1 stopped: another rank ended during a collective (Connection closed by peer")
+    assert dist.lost_peer(gloo, dist.DistInfo(rank=0, world_size=1)) is None  # no peers: not this
+    assert dist.lost_peer(RuntimeError("shape mismatch"), dist.DistInfo(rank=1, world_size=2)) is None
+
+
 def test_a_single_torchrun_process_joins_a_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
     """nanoGPT's rule: under torchrun, even --nproc_per_node=1 runs the DDP path (and its backend)."""
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
@@ -218,9 +230,6 @@ def test_a_nan_on_one_rank_is_skipped_on_every_rank(tmp_path: Path, data_dir: Pa
 def test_sigterm_to_torchrun_then_resume_matches_an_uninterrupted_two_process_run(tmp_path: Path, data_dir: Path):
     """SIGTERM to the torchrun agent (what SLURM and Ctrl-C send): it stops both ranks, which save and exit; the
     same command then resumes, and the weights and final loss equal those of one uninterrupted 2-process run."""
-    import signal
-    import time
-
     args = [*DDP, "train.epochs=3", "checkpoint.every_n_steps=2", "data.num_workers=1"]
     args += ["system.deterministic=true"]
     straight = tmp_path / "straight"
@@ -252,10 +261,6 @@ def test_ctrl_c_under_torchrun_stops_every_rank_at_the_same_step_and_the_same_co
 ) -> None:
     """Ctrl-C reaches the agent, both ranks and their workers; the agent forwards it to the ranks again at once,
     which must not count as a second Ctrl-C. Both ranks save the same step; the same command continues from it."""
-    import os
-    import signal
-    import time
-
     args = [*DDP, "train.epochs=3", "checkpoint.every_n_steps=2", "data.num_workers=1"]
     run_dir = tmp_path / "run"
     proc = start_torchrun([*args, f"hydra.run.dir={run_dir}"], tmp_path, data_dir, session=True)
@@ -272,4 +277,47 @@ def test_ctrl_c_under_torchrun_stops_every_rank_at_the_same_step_and_the_same_co
     assert f"at step {stopped}:" in stops[0] and not (run_dir / "metrics.json").exists()
     resumed = run_torchrun([*args, f"hydra.run.dir={run_dir}"], tmp_path, data_dir)
     assert resumed.returncode == 0 and f": step {stopped}," in resumed.stdout + resumed.stderr, resumed.stderr[-4000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 12
+
+
+def _loader_workers_of_rank(agent: psutil.Process, rank: str) -> list[psutil.Process]:
+    """The DataLoader workers of one rank: under torchrun they are forked by that rank's forkserver."""
+    ranks = [child for child in agent.children() if child.environ().get("RANK") == rank]
+    servers = [child for child in ranks[0].children() if "forkserver" in " ".join(child.cmdline())]
+    return servers[0].children() if servers else []
+
+
+@pytest.mark.slow  # two torchrun jobs
+def test_a_dead_worker_on_one_rank_ends_every_rank_within_seconds_and_the_same_command_resumes(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """SIGKILL to rank 1's worker (as the OOM killer sends): rank 1 ends with one line naming the worker, the
+    other rank does not wait for it in a collective until faults.dist_timeout_s, torchrun exits non-zero within
+    seconds, and the same command continues from the last checkpoint."""
+    args = [*DDP, "train.epochs=3", "checkpoint.every_n_steps=2", "data.num_workers=1"]
+    run_dir = tmp_path / "run"
+    proc = start_torchrun([*args, f"hydra.run.dir={run_dir}"], tmp_path, data_dir, session=True)
+    deadline = time.monotonic() + 180
+    while not (run_dir / "checkpoints" / "last.pt").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.05)
+    victim = _loader_workers_of_rank(psutil.Process(proc.pid), "1")[0]
+    started = time.monotonic()
+    victim.kill()
+    output, _ = proc.communicate(timeout=300)
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0 and elapsed < 45, (elapsed, output[-4000:])
+    ends = [line for line in output.splitlines() if line.startswith(("error: ", "stopped: "))]
+    workers = [line for line in ends if line.startswith("error: DataLoader worker")]
+    # rank 0 finds its peer gone in a collective, or gets torchrun's SIGTERM first: either way one line
+    rank_0 = ("error: rank 0 stopped: another rank ended during a collective", "stopped: SIGTERM")
+    assert len(ends) == 2 and len(workers) == 1 and any(line.startswith(rank_0) for line in ends), output[-4000:]
+    worker = workers[0]
+    assert f"(pid(s) {victim.pid})" in worker and "Killed" in worker and "Run the same command again" in worker
+    # torchrun's agent prints its own summary (ChildFailedError); the ranks print no traceback
+    assert "[rank0]: Traceback" not in output and "[rank1]: Traceback" not in output, output[-4000:]
+    assert "Error executing job" not in output
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["progress"]["step"]
+    resumed = run_torchrun([*args, f"hydra.run.dir={run_dir}"], tmp_path, data_dir)
+    assert resumed.returncode == 0 and f": step {saved}," in resumed.stdout + resumed.stderr, resumed.stderr[-4000:]
     assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 12

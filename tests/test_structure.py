@@ -1,6 +1,6 @@
 """The code's shape (issue 19): imports flow one way (config -> dist -> data/model -> metrics/checkpoint -> loop
 -> run), with no cycle between imgtrain's modules, counting `from imgtrain.pkg import x` as an import of the
-package (its __init__) too; and no function over 60 lines."""
+package (its __init__) too; no function over 60 lines and no file over 350."""
 
 from __future__ import annotations
 
@@ -60,4 +60,16 @@ def test_no_function_in_src_is_over_60_lines() -> None:
                 lines = node.end_lineno - node.lineno + 1
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name}: {lines} lines")
+    assert not long, long
+
+
+MAX_FILE_LINES = 350  # DEVELOPERS.md: files under about 350 lines
+
+
+def test_no_file_in_src_is_over_350_lines() -> None:
+    long = [
+        f"{path.relative_to(SRC)}: {n}"
+        for path in SRC.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_FILE_LINES
+    ]
     assert not long, long

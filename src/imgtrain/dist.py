@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import logging
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from imgtrain.errors import ConfigError
+from imgtrain.errors import ConfigError, RunError
 
 log = logging.getLogger(__name__)
 
@@ -232,3 +233,23 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor)
     return tensor.tolist()
+
+
+# What a collective raises on a rank whose peer has gone (its process ended): gloo's TCP pair, NCCL's watchdog.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote process exited", "NCCL communicator")
+
+
+def lost_peer(error: BaseException, info: DistInfo) -> RunError | None:
+    """The one line for a collective that failed because another rank ended (it prints its own reason), or None
+    for any other error. Without it, each surviving rank would print the transport's traceback."""
+    if not info.enabled or not isinstance(error, RuntimeError):
+        return None
+    message = str(error)
+    if not (isinstance(error, dist.DistError) or any(sign in message for sign in _PEER_GONE)):
+        return None
+    cause = re.sub(r"^\[[^\]]*\]\s*", "", message.strip().splitlines()[0])  # gloo prefixes its source line
+    cause = cause.split(". ")[0][:160]
+    return RunError(
+        f"rank {info.rank} stopped: another rank ended during a collective ({cause}). That rank's own line says "
+        "why; run the same command again to continue from the last checkpoint"
+    )

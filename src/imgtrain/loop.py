@@ -22,6 +22,7 @@ from imgtrain.checkpoint import Checkpointer, Progress
 from imgtrain.config import DataConfig, Mode
 from imgtrain.data.failures import (
     LoaderFailed,
+    first_batches,
     next_batch,
     worker_deaths_found_at_next_batch,
     workers_stopped_on_error,
@@ -97,7 +98,7 @@ class EpochBatches:
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> EpochBatches:
-        loader_batches = iter(self.loader)  # the workers start (PyTorch sets its SIGCHLD handler the first time)
+        loader_batches = first_batches(self.loader, self.data)  # the workers start, or resume (persistent)
         self._stack.enter_context(worker_deaths_found_at_next_batch())
         # Entered last, so it leaves first: after an error the workers stop while SIGCHLD is still quiet, not
         # under PyTorch's handler, which would raise a second error (a traceback) from inside their shutdown.
@@ -199,7 +200,7 @@ def fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mo
             on_batch=parts.metrics.add_batch,
             mark=parts.profiler.range,
         )
-        with batches, saved_on_loader_failure(parts):  # e.g. a worker the OOM killer ended: one line, saved
+        with saved_on_loader_failure(parts), batches:  # e.g. a worker the OOM killer ended: one line, saved
             stop = train_one_epoch(
                 model, batches, step, parts.faults, parts.metrics, parts.checkpointer, progress, parts.profiler
             )

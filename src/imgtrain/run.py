@@ -85,6 +85,11 @@ def _run(settings: Config) -> dict:
     dist.setup(info, device, settings.faults.dist_timeout_s)
     try:
         return _train(settings, info, device, precision)
+    except RuntimeError as error:
+        lost = dist.lost_peer(error, info)  # another rank failed first: one line here, its own reason there
+        if lost is None:
+            raise
+        raise lost from error
     finally:
         dist.teardown()
         if settings.system.compile:

@@ -7,7 +7,7 @@ import re
 import shutil
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
@@ -23,12 +23,27 @@ class LoaderFailed(RunError):
 
 def next_batch(batches: Any, data: DataConfig) -> Any:
     """The next batch, or None at the end of the epoch; DataLoader failures become one line saying what to change."""
-    try:
+    with explained(lambda: batches, data):
         return next(batches, None)
+
+
+def first_batches(loader: Any, data: DataConfig) -> Any:
+    """`iter(loader)`: an epoch's iterator. With persistent workers it waits for each worker to acknowledge the
+    new epoch, so a worker that died since the last epoch is found here, explained the same way."""
+    with explained(lambda: getattr(loader, "_iterator", None), data):
+        return iter(loader)
+
+
+@contextlib.contextmanager
+def explained(iterator: Callable[[], Any], data: DataConfig) -> Iterator[None]:
+    """DataLoader errors as one line: ours raised in a worker without the traceback it came wrapped in, PyTorch's
+    with the likely cause and the setting to change (`iterator()` says how its workers died)."""
+    try:
+        yield
     except RunError as error:  # one of ours from a worker (a shard that cannot be read) comes wrapped in its traceback
         raise type(error)(worker_message(str(error))) from None
     except RuntimeError as error:
-        explanation = explain_loader_failure(_with_exit_signals(str(error), batches), data)
+        explanation = explain_loader_failure(_with_exit_signals(str(error), iterator()), data)
         if explanation is None:
             raise
         raise LoaderFailed(explanation) from error
