@@ -245,6 +245,7 @@ stop_workers(loader._iterator)  # as a run does at its end: left to exit, the wo
 """
 
 
+@pytest.mark.slow  # two epochs of a forkserver loader around a real SIGTERM (make test stays under 150 s)
 def test_a_forkserver_and_its_workers_outlive_sigterm_to_the_process_group() -> None:
     """torchrun's agent and SLURM signal the whole process group: the rank saves at its next agreed step, so its
     workers must go on serving batches. A forkserver killed by that SIGTERM made them look dead (CI, 2026-11-24)."""

@@ -67,6 +67,7 @@ def test_a_resume_with_fewer_workers_finishes_the_epoch_in_its_own_order(
     _same_weights(tmp_path / "straight", tmp_path / "part")
 
 
+@pytest.mark.slow  # a torchrun job, then a resume on one process (make test stays under 150 s)
 def test_a_resume_on_fewer_ranks_says_in_one_line_what_litdata_does(
     shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
