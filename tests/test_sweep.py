@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -14,11 +16,13 @@ import pytest
 from helpers import FAST, ROOT, _env, _wait_for, compose_cfg, run_train
 from PIL import Image
 
-from imgtrain.metrics import report
+from imgtrain.metrics import report, spread
 from imgtrain.run import run
+from imgtrain.sweep_rank import cheapest, decision
 from imgtrain.sweep_report import rank, read_job
 
-SWEEP = list(FAST)  # the sweeps override data.num_workers
+# The sweeps override data.num_workers. A window per step: 6 steady windows of 8 steps, enough for an interval.
+SWEEP = [*FAST, "metrics.log_every_n_steps=1"]
 
 
 def _sweep(args: list[str], sweep_dir: Path, data_dir: Path):
@@ -56,10 +60,11 @@ def test_worker_sweep_report(tmp_path: Path, data_dir: Path) -> None:
     assert all(row["gpu_util_mean"] == "" for row in rows)  # CPU: empty, not zero
     markdown = (sweep / "sweep_summary.md").read_text()
     assert sum(line.startswith("| ") for line in markdown.splitlines()) == 3  # header + 2 rows
-    assert "Fastest: job" in markdown
+    assert "Fastest here: data.num_workers=" in markdown or "Tied within noise: data.num_workers=0" in markdown
+    assert all(row["standing"] for row in rows) and all(float(row["interval_low"]) > 0 for row in rows)
     with Image.open(sweep / "sweep_summary.png") as image:
         assert image.format == "PNG" and image.size[0] > 400
-    assert "Fastest here: data.num_workers=" in result.stdout
+    assert "Fastest here: data.num_workers=" in result.stdout or "Tied within noise: " in result.stdout
     assert "Reproduce it: python train.py data.num_workers=" in result.stdout
 
 
@@ -154,29 +159,88 @@ def test_verdict_and_next_setting() -> None:
     assert report.verdict({**_summary(0.4, 2), "mode": "loader"}) == ""
 
 
-def test_rank_flags_overlap_and_noise(tmp_path: Path) -> None:
-    def job(num: int, windows: list[float]) -> dict:
-        folder = tmp_path / str(num)
-        (folder / ".hydra").mkdir(parents=True)
-        (folder / ".hydra" / "overrides.yaml").write_text(f"- data.num_workers={num}\n")
-        metrics = {
-            "images_per_sec": sum(windows) / len(windows),
-            "images_per_sec_median": sorted(windows)[2],
-            "images_per_sec_windows": windows,
-            "data_wait_frac": 0.1,
-            "mode": "train",
-        }
-        (folder / "metrics.json").write_text(json.dumps(metrics))
-        return read_job(folder)
+def _synthetic_job(tmp_path: Path, num: int, windows: list[float], pss: float = 1.0, pin: bool = False) -> dict:
+    """A finished job with these window rates (one process), `num` workers and this memory peak."""
+    folder = tmp_path / str(num)
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "overrides.yaml").write_text(f"- data.num_workers={num}\n")
+    metrics = {
+        "images_per_sec": sum(windows) / len(windows),
+        "images_per_sec_per_process": sum(windows) / len(windows),
+        "images_per_sec_median": sorted(windows)[len(windows) // 2],
+        "images_per_sec_windows": windows,
+        "data_wait_frac": 0.1,
+        "mode": "train",
+        "pss_peak_gb": pss,
+        "loader": {"num_workers": num, "pin_memory": pin},
+    }
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    return read_job(folder)
 
-    steady, close, noisy = (
-        job(0, [100, 101, 100, 99, 100]),
-        job(1, [99, 100, 99, 100, 98]),
-        job(2, [40, 90, 60, 20, 80]),
-    )
-    best = rank([steady, close, noisy])
-    assert best is steady and steady["confidence"] == ""
-    assert "overlaps the fastest" in close["confidence"]
+
+def _series(mean: float, noise: float, n: int = 12, seed: int = 0) -> list[float]:
+    """`n` window rates around `mean`, uniformly within +-noise (a known mean and spread)."""
+    rng = random.Random(seed)
+    return [mean + rng.uniform(-noise, noise) for _ in range(n)]
+
+
+def test_a_setting_separated_from_the_rest_is_named_fastest(tmp_path: Path) -> None:
+    rows = [_synthetic_job(tmp_path, w, _series(mean, 5, seed=w)) for w, mean in ((0, 100), (1, 150), (2, 200))]
+    best = rank(rows)
+    assert best is rows[2] and [row["standing"] for row in rows] == ["slower", "slower", "fastest"]
+    assert rows[2]["interval_low"] > rows[1]["interval_high"]
+    line = decision(rows, ["data.num_workers"], best)
+    assert line.startswith("Fastest here: data.num_workers=2 at ") and "clear of the 2 other(s)" in line
+
+
+def test_a_tie_within_noise_recommends_the_cheapest_setting(tmp_path: Path) -> None:
+    """Three settings with the same mean and 5% noise: no winner; the fewest workers is recommended, even when
+    a more expensive one happened to have the highest median."""
+    rows = [_synthetic_job(tmp_path, w, _series(200, 10, seed=w + 7)) for w in (0, 2, 4)]
+    rows[0]["rate_median"] = min(row["rate_median"] for row in rows) - 0.1  # the cheapest is not the leader
+    best = rank(rows)
+    assert best is rows[0] and best["standing"] == "recommended: cheapest of a tie"
+    assert [row["standing"] for row in rows[1:]] == ["tied", "tied"]
+    line = decision(rows, ["data.num_workers"], best)
+    assert line.startswith("Tied within noise: data.num_workers=0, data.num_workers=2, data.num_workers=4")
+    assert "Recommended: data.num_workers=0, the cheapest of them" in line
+
+
+def test_a_tie_of_equal_workers_goes_to_less_memory_then_to_unpinned(tmp_path: Path) -> None:
+    a = _synthetic_job(tmp_path / "a", 2, _series(200, 10, seed=1), pss=2.0, pin=False)
+    b = _synthetic_job(tmp_path / "b", 2, _series(200, 10, seed=2), pss=1.0, pin=True)
+    c = _synthetic_job(tmp_path / "c", 2, _series(200, 10, seed=3), pss=1.0, pin=False)
+    assert cheapest([a, b, c]) is c and cheapest([a, b]) is b
+
+
+def test_too_few_windows_is_said_and_not_ranked(tmp_path: Path) -> None:
+    short = _synthetic_job(tmp_path, 0, [500.0, 510.0, 505.0])  # the fastest median, but 3 windows
+    long = _synthetic_job(tmp_path, 1, _series(200, 5))
+    best = rank([short, long])
+    assert best is long and short["standing"] == "not ranked" and "not ranked: too few windows" in short["confidence"]
+    assert spread.median_interval([1.0] * (spread.MIN_WINDOWS - 1)) is None
+    assert report.too_few_windows(3, 10, 20).startswith("no interval: 3 steady-state window(s), 6 needed")
+    assert "run at least 150 steps (train.max_steps, train.epochs)" in report.too_few_windows(3, 10, 20)
+    assert decision([short], ["data.num_workers"], rank([short])).startswith("No job can be ranked: too few")
+
+
+def test_the_median_interval_holds_the_median_as_often_as_it_says() -> None:
+    """Order-statistic intervals of 2000 samples of 12 draws from a skewed distribution cover its median at
+    least 95% of the time; with 6 draws the interval is the extremes."""
+    rng = random.Random(0)
+    true_median = math.log(2)  # of the exponential distribution with rate 1
+    covered = 0
+    for _ in range(2000):
+        low, high = spread.median_interval([rng.expovariate(1.0) for _ in range(12)])
+        covered += low <= true_median <= high
+    assert covered / 2000 >= 0.95
+    assert spread.median_interval([3.0, 1.0, 2.0, 6.0, 5.0, 4.0]) == (1.0, 6.0)
+    assert spread.median_interval(list(range(12))) == (2, 9)
+
+
+def test_rank_marks_noise(tmp_path: Path) -> None:
+    noisy = _synthetic_job(tmp_path, 0, [40, 90, 60, 20, 80, 70, 30, 50])
+    rank([noisy])
     assert "noisy" in noisy["confidence"]
 
 
@@ -193,8 +257,9 @@ def test_ceilings_line_names_the_limit() -> None:
 
 
 def test_the_plot_is_drawn_for_one_window_and_for_a_job_without_a_figure(tmp_path: Path) -> None:
-    """A short sweep: one steady window per job (the median unrounded, the window rounded in metrics.json) and a
-    job too short for any window. It used to end with "'yerr' must not contain negative values" and no PNG."""
+    """A short sweep: one steady window per job, too few to rank (the median unrounded, the window rounded in
+    metrics.json), and a job too short for any window. It used to end with "'yerr' must not contain negative
+    values" and no PNG."""
     from imgtrain.sweep_report import build_report
 
     for num, (median, windows) in enumerate([(101.234567, [101.23]), (99.4449, [99.44]), (None, [])]):
@@ -209,9 +274,9 @@ def test_the_plot_is_drawn_for_one_window_and_for_a_job_without_a_figure(tmp_pat
             "mode": "train",
         }
         (folder / "metrics.json").write_text(json.dumps(metrics))
-    best = build_report(tmp_path)
-    assert best["job"] == "0"
+    assert build_report(tmp_path) is None  # one window each: too few to rank, and the report says so
     assert (tmp_path / "sweep_summary.png").stat().st_size > 0
+    assert "No job can be ranked: too few windows" in (tmp_path / "sweep_summary.md").read_text()
 
 
 def _stages(read: float, decode: float, h2d: float | None = None) -> dict:
@@ -236,7 +301,8 @@ def _fake_job(sweep: Path, num: int, overrides: list[str], metrics: dict | None,
 
 
 def _mixed_sweep(sweep: Path) -> None:
-    """Two jobs with stage times and tune probes, a failed job, one without figures, an older one-window job,
+    """Two jobs with stage times and tune probes (six windows each), a failed job, one without figures, an older
+    one-window job (not ranked),
     and the two ceiling modes."""
     pipeline0 = {"stage_ms_per_image": _stages(0.05, 0.4), "worker_busy_frac": 0.8, "input_stage": "decode"}
     pipeline1 = {"stage_ms_per_image": _stages(0.06, 0.3, h2d=0.03), "worker_busy_frac": 0.5, "input_stage": None}
@@ -246,11 +312,15 @@ def _mixed_sweep(sweep: Path) -> None:
         sweep,
         0,
         ["data.num_workers=0"],
-        {"rate": 80.0, "windows": [78.0, 80.0, 82.0], "pipeline": {**pipeline0, "compute_images_per_sec": 150.0}},
+        {
+            "rate": 80.0,
+            "windows": [78.0, 80.0, 82.0, 79.0, 81.0, 80.0],
+            "pipeline": {**pipeline0, "compute_images_per_sec": 150.0},
+        },
         tune={**tune0, "compute_images_per_sec": 120.0, "chosen": 1, "reason": "fastest"},
         pss_peak_gb=0.9,
     )
-    job1 = {"rate": 140.0, "windows": [139.0, 141.0, 140.0], "pipeline": pipeline1}
+    job1 = {"rate": 140.0, "windows": [139.0, 141.0, 140.0, 138.0, 142.0, 140.0], "pipeline": pipeline1}
     _fake_job(sweep, 1, ["data.num_workers=1"], job1, tune=tune1)
     _fake_job(sweep, 2, ["data.num_workers=2"], None)  # failed
     too_short = {"tune": None, "pipeline": None, "images_per_sec_note": "not measured: no steady-state window closed"}
@@ -309,9 +379,9 @@ def test_the_plot_survives_sweeps_without_stage_times_or_figures(tmp_path: Path)
     from imgtrain.sweep_report import build_report
 
     for name, jobs in {
-        "old": [{"rate": 90.0, "windows": [90.0]}, {"rate": 95.0, "windows": [94.0, 96.0]}],
+        "old": [{"rate": 90.0, "windows": [90.0] * 6}, {"rate": 95.0, "windows": [94.0, 96.0] * 3}],
         "none": [{}, None],  # a job without figures and a failed one: no fastest job
-        "mode": [{"rate": 50.0, "windows": [50.0], "mode": "loader"}],  # only a ceiling mode
+        "mode": [{"rate": 50.0, "windows": [50.0] * 6, "mode": "loader"}],  # only a ceiling mode
     }.items():
         sweep = tmp_path / name
         for num, metrics in enumerate(jobs):

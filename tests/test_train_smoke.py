@@ -35,7 +35,7 @@ EXPECTED_TAGS = {
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> tuple[Path, object]:
     run_dir = tmp_path_factory.mktemp("smoke") / "run"
-    result = run_train([*FAST, "data.prefetch_factor=4"], run_dir, data_dir)
+    result = run_train([*FAST, "data.prefetch_factor=4", "train.epochs=2"], run_dir, data_dir)  # an epoch start
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir, result
 
@@ -43,7 +43,8 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> tuple
 def test_run_prints_summary_table(smoke_run) -> None:
     _, result = smoke_run
     assert "Run summary" in result.stdout
-    assert "images/s (steady state)" in result.stdout
+    assert "images/s (steady state)" in result.stdout and "95% interval of the median window" in result.stdout
+    assert "epoch start" in result.stdout and "each later start costs" in result.stdout
     assert "PSS peak incl. workers (GB)" in result.stdout
     assert "Traceback" not in result.stderr
     assert "pre-flight: /dev/shm" in result.stdout  # the checks' summary line (warnings, if any, come before it)
@@ -71,9 +72,13 @@ def test_metrics_json_holds_the_final_summary(smoke_run) -> None:
     assert metrics["loader"]["batch_size"] == 32 and metrics["loader"]["num_workers"] == 1
     assert metrics["world_size"] == 1 and metrics["device"] == "cpu"
     assert metrics["torch_version"] and metrics["cpu_count"] >= 1
-    assert metrics["steps"] == 8  # 256 images / 32 per batch, one epoch
-    assert metrics["measured_steps"] == 6  # 8 steps minus 2 warm-up steps
-    assert len(metrics["images_per_sec_windows"]) == 3
+    assert metrics["steps"] == 16  # 256 images / 32 per batch, two epochs
+    assert metrics["measured_steps"] == 14  # 16 steps minus 2 warm-up steps
+    assert len(metrics["images_per_sec_windows"]) == 7  # steps 3-4, 5-6, 7-8, then 9-10 ... 15-16
+    low, high = metrics["images_per_sec_interval"]  # 7 windows: an interval of the median
+    assert low <= metrics["images_per_sec_median"] <= high and metrics["images_per_sec_interval_note"] is None
+    assert len(metrics["epoch_first_batch_s"]) == 2 and all(s > 0 for s in metrics["epoch_first_batch_s"])
+    assert len(metrics["epoch_start_cost_s"]) == 1 and metrics["epoch_start_cost_frac"] is not None
     assert metrics["rss_peak_gb"] > 0.1
     assert metrics["profile_trace"] is None  # metrics.profile=false: no trace
     env = metrics["environment"]  # the pre-flight fingerprint (imgtrain.preflight)
@@ -109,7 +114,9 @@ def test_tensorboard_has_the_tags(smoke_run) -> None:
     assert not any(tag.startswith("gpu/") for tag in tags)  # no NVIDIA GPU: the gpu tags are absent
     throughput_steps = [event.step for event in events.Scalars("perf/images_per_sec")]
     assert min(throughput_steps) > 2  # warm-up steps are never reported as throughput
-    assert [event.step for event in events.Scalars("val/acc")] == [8]
+    assert [event.step for event in events.Scalars("val/acc")] == [8, 16]
+    assert [event.step for event in events.Scalars("time/epoch_first_batch_s")] == [2, 10]  # each epoch's first window
+    assert [event.step for event in events.Scalars("time/epoch_start_cost_s")] == [10]  # after this process's first
 
 
 def test_tensorboard_hparams_in_the_same_run(smoke_run) -> None:

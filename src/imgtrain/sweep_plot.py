@@ -147,7 +147,8 @@ def _draw_fastest(ax: Any, rows: list[dict[str, Any]], swept: list[str], best: d
         zorder=5,
         gid="fastest",
     )
-    text = f"fastest: job {best['job']}\n{best['images_per_sec']:.1f} images/s overall"
+    title = "fastest" if best.get("standing") == "fastest" else "recommended: cheapest of a tie"
+    text = f"{title}: job {best['job']}\n{best['images_per_sec']:.1f} images/s overall"
     ax.annotate(
         text,
         xy=(ax.xaxis.convert_units(x), y),

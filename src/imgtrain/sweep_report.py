@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from imgtrain.dist import global_rank
 from imgtrain.sweep_plot import STAGES, describe, plot
+from imgtrain.sweep_rank import decision, rank, spread_of
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +42,12 @@ OPTIONAL_COLUMNS = (
     "worker_busy_frac",
     *(f"{stage}_ms" for stage in STAGES),  # ms per image (worker stages: CPU time summed over workers)
     "tune_chosen",
+    "epoch_start_cost_frac",  # the epoch-start stall as a share of an epoch (metrics/epoch_start.py)
 )
+# The median window rate, its 95% interval, and where the job stands: fastest, slower, tied, recommended, not ranked.
+SPREAD_COLUMNS = ("interval_low", "interval_high", "standing")
 # The `environment` keys that make two jobs' figures not comparable when they differ.
 MACHINE_KEYS = ("hostname", "gpu_name", "torch", "cpus_available")
-# A job whose middle half of window throughputs spans more than this share of its median is too noisy to rank.
-NOISY_SPREAD = 0.15
 
 
 def _overrides(job_dir: Path) -> dict[str, str]:
@@ -74,6 +76,7 @@ def _optional(metrics: dict[str, Any]) -> dict[str, Any]:
         "input_stage": pipeline.get("input_stage"),
         "worker_busy_frac": pipeline.get("worker_busy_frac"),
         "tune_chosen": tune.get("chosen"),
+        "epoch_start_cost_frac": metrics.get("epoch_start_cost_frac"),
         **{f"{stage}_ms": stages.get(stage) for stage in STAGES},
     }
     return {**values, "pipeline": pipeline, "tune": tune, "environment": _dict(metrics.get("environment"))}
@@ -91,6 +94,7 @@ def read_job(job_dir: Path) -> dict[str, Any]:
         row["status"], row["reason"] = "ok", metrics.get("images_per_sec_note") or ""  # why a figure is missing
         row.update({key: metrics.get(key) for key in METRIC_COLUMNS})
         row["images_per_sec_p25"], row["images_per_sec_p75"] = _quartiles(metrics.get("images_per_sec_windows") or [])
+        row.update(spread_of(metrics))
         row["verdict"] = metrics.get("verdict", "")
         row["mode"] = metrics.get("mode", "train")
         row.update(_optional(metrics))
@@ -102,6 +106,7 @@ def read_job(job_dir: Path) -> dict[str, Any]:
         row["status"], row["reason"], row["verdict"], row["mode"] = status, reason, "", ""
         row.update({key: None for key in METRIC_COLUMNS})
         row.update(_optional({}))
+        row.update(spread_of({}))
     return row
 
 
@@ -116,26 +121,6 @@ def collect(sweep_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return rows, swept
 
 
-def rank(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Mark noisy jobs and jobs indistinguishable from the fastest; return the fastest ok row."""
-    ok = [row for row in rows if row["status"] == "ok" and row["images_per_sec"]]
-    if any(row["mode"] == "train" for row in ok):  # the ceiling modes are yardsticks, not settings to pick
-        ok = [row for row in ok if row["mode"] == "train"]
-    if not ok:
-        return None
-    best = max(ok, key=lambda row: row["images_per_sec"])  # the figure run() returns to a sweeper
-    for row in rows:
-        notes = []
-        median, p25, p75 = row["images_per_sec_median"], row["images_per_sec_p25"], row["images_per_sec_p75"]
-        if median and p25 is not None and (p75 - p25) / median > NOISY_SPREAD:
-            notes.append(f"noisy: middle half of windows spans {(p75 - p25) / median:.0%} of the median")
-        best_p25 = best["images_per_sec_p25"]
-        if row is not best and row in ok and p75 is not None and best_p25 is not None and p75 >= best_p25:
-            notes.append("overlaps the fastest: not confidently slower")
-        row["confidence"] = "; ".join(notes)
-    return best
-
-
 def _cell(value: Any) -> str:
     if value is None:
         return ""
@@ -148,11 +133,12 @@ def table(rows: list[dict[str, Any]], swept: list[str]) -> tuple[list[str], list
     """Header and cells shared by the CSV and the markdown table (`ran_on` only when the machines differ)."""
     optional = [k for k in OPTIONAL_COLUMNS if any(row.get(k) is not None for row in rows)]
     machine = ["ran_on"] if machine_differences(rows) else []
-    header = ["job", *swept, *machine, "status", *METRIC_COLUMNS, *optional, "verdict", "confidence", "reason"]
+    header = ["job", *swept, *machine, "status", *METRIC_COLUMNS, *SPREAD_COLUMNS, *optional, "verdict"]
+    header += ["confidence", "reason"]
     cells = [
         [row["job"], *[row["overrides"].get(k, "") for k in swept]]
         + [_machine(row) for _ in machine]
-        + [row["status"], *[_cell(row[k]) for k in (*METRIC_COLUMNS, *optional)]]
+        + [row["status"], *[_cell(row.get(k)) for k in (*METRIC_COLUMNS, *SPREAD_COLUMNS, *optional)]]
         + [row.get("verdict", ""), row.get("confidence", ""), row["reason"]]
         for row in rows
     ]
@@ -210,8 +196,8 @@ def write_reports(sweep_dir: Path, rows: list[dict[str, Any]], swept: list[str],
     lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in cells]
     if ceilings(rows):
         lines += ["", ceilings(rows)]
+    lines += ["", decision(rows, swept, best)]
     if best is not None:
-        lines += ["", f"Fastest: job {best['job']} ({describe(best, swept)}), {best['images_per_sec']:.1f} images/s."]
         lines += [f"Reproduce: `{reproduce_command(best)}`"]
     if machine_lines(rows):
         lines += ["", *machine_lines(rows)]
@@ -257,10 +243,10 @@ def print_summary(rows: list[dict[str, Any]], swept: list[str], best: dict | Non
         print(ceilings(rows))
     for line in machine_lines(rows)[1:]:  # the warning only: the console is short
         print(line)
+    print(decision(rows, swept, best))
     if best is None:
-        print("No job finished with a throughput figure.\n")
+        print()
         return
-    print(f"Fastest here: {describe(best, swept)} at {best['images_per_sec']:.1f} images/s")
     if best.get("verdict"):
         print(f"  {best['verdict']}")
     print(f"Reproduce it: {reproduce_command(best)}\n", flush=True)

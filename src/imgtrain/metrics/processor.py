@@ -23,12 +23,14 @@ from imgtrain.agreement import Agreement, WindowReport, exchange
 from imgtrain.config import Config, Mode
 from imgtrain.faults import Faults
 from imgtrain.host import available_cpus, write_json
+from imgtrain.metrics.epoch_start import EpochStarts
 from imgtrain.metrics.monitor import ResourceMonitor
 from imgtrain.metrics.pipeline import PipelineMeter
 from imgtrain.metrics.report import (
     bounding_stage,
     print_table,
     progress_bar,
+    too_few_windows,
     update_progress,
     verdict,
     why_not_measured,
@@ -77,6 +79,8 @@ class Metrics:
         self.total_steps, self.lr, self.start_step = 0, lambda: 0.0, 0
         self.sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss x images, correct, images
         self.wait = 0.0  # seconds waited for the next batch since the last step
+        self.epoch_starts, self.steps_per_epoch = EpochStarts(), 0
+        self.first_batch_s: float | None = None  # this epoch's, logged with its first window
 
     def memory_peaks(self) -> str:
         """This run's memory peaks so far (this process and its workers), for a message about memory."""
@@ -106,12 +110,15 @@ class Metrics:
         self.wait = 0.0
         self.pipeline.discard_copies()
         self.meter.start_window()
+        self.epoch_starts.begin()  # the epoch-start stall is timed from here to the first batch and window
+        self.steps_per_epoch = steps
 
     def add_batch(self, wait: float, transfer: float, times: tuple) -> None:
         """A batch the loop received after blocking `wait` s, `transfer` s of it after a worker had finished it,
         with the stage times its worker stamped on it (the batch iterator calls this)."""
         self.wait += wait
         self.pipeline.add(wait, transfer, times)
+        self.first_batch_s = self.epoch_starts.batch_arrived() or self.first_batch_s
 
     def step(self, step: int, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
         """Count one step; at a logging step, read everything back (one sync) and log."""
@@ -139,7 +146,7 @@ class Metrics:
     def _close_window(self, step: int) -> None:
         loss_images, correct, seen = self.sums.tolist()  # the one sync of the window
         window = self.meter.close_window()
-        values: dict[str, float] = {}
+        values: dict[str, float] = self._epoch_start(window)
         if self.losses:
             values["lr"] = self.lr()
             if seen:
@@ -172,6 +179,17 @@ class Metrics:
         update_progress(self.bar, values, step)
         self.sums.zero_()
         self.meter.start_window()
+
+    def _epoch_start(self, window: Any) -> dict[str, float]:
+        """At an epoch's first window: its first-batch wait and, after this process's first epoch, its cost."""
+        if not self.epoch_starts.window_closed(window):
+            return {}
+        values = {} if self.first_batch_s is None else {"time/epoch_first_batch_s": self.first_batch_s}
+        self.first_batch_s = None
+        cost = self.epoch_starts.cost(window.steps, window.seconds, self.meter.steady_step_s())
+        if len(self.epoch_starts.first_windows) > 1 and cost is not None:
+            values["time/epoch_start_cost_s"] = cost
+        return values
 
     def _exchange(self, perf: dict[str, float]) -> Agreement:
         """One CPU exchange of every rank's `WindowReport`: its perf figures and each party's fields; each party
@@ -219,6 +237,11 @@ class Metrics:
             images_per_sec_per_process=perf["images_per_sec"],
             images_per_sec_median=perf.get("images_per_sec_median"),
             images_per_sec_windows=perf["windows"],
+            **self.epoch_starts.summary(self.meter.steady_step_s(), self.steps_per_epoch),
+            images_per_sec_interval=_scaled(perf["images_per_sec_interval"], merged.images_per_sec, perf),
+            images_per_sec_interval_note=None
+            if perf["images_per_sec_interval"]
+            else too_few_windows(len(perf["windows"]), self.warmup_steps, self.log_every),
             data_wait_frac=merged.data_wait_frac if measured else None,
             data_wait_frac_max=merged.data_wait_frac_max if measured else None,
             step_time_ms=perf["step_time_ms"],
@@ -278,3 +301,11 @@ class Metrics:
             self.tb.log_hparams(hparams(summary), hparam_metrics(summary))
             print_table(summary)
         self.tb.close()
+
+
+def _scaled(interval: tuple[float, float] | None, total: float, perf: dict[str, Any]) -> list[float] | None:
+    """This process's interval in the units of `images_per_sec` (summed over ranks)."""
+    if interval is None or not perf["images_per_sec"]:
+        return None
+    ranks = total / perf["images_per_sec"]  # world size, or the ranks' share when they differ in speed
+    return [round(interval[0] * ranks, 2), round(interval[1] * ranks, 2)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import statistics
 import sys
 from typing import Any
 
@@ -11,9 +12,11 @@ from tqdm import tqdm
 from imgtrain.config import AUTO
 from imgtrain.data.loader import auto_num_workers
 from imgtrain.data.stages import WORKER_STAGES
+from imgtrain.metrics.spread import MIN_WINDOWS, windows_needed
 
 # Above this share of step time spent waiting for data, the run is called input-bound.
 INPUT_BOUND_WAIT = 0.10
+EPOCH_START_NOTABLE = 0.03  # an epoch start costing more than this share of an epoch is named in the verdict
 
 
 def suggest_next(summary: dict[str, Any]) -> str:
@@ -109,10 +112,39 @@ def contention(summary: dict[str, Any]) -> str | None:
 
 
 def verdict(summary: dict[str, Any]) -> str:
-    """Input-bound (naming the stage), CPU-contended, or compute-bound."""
+    """Input-bound (naming the stage), CPU-contended, or compute-bound; and the epoch-start stall when notable."""
     wait = summary["data_wait_frac"]
     if summary["mode"] != "train" or wait is None:
         return ""
+    return _bound(summary, wait) + epoch_start_note(summary)
+
+
+def epoch_start_note(summary: dict[str, Any]) -> str:
+    """`; each epoch start costs 0.36 s (5% of an epoch) ...` when it costs more than EPOCH_START_NOTABLE."""
+    share, costs = summary.get("epoch_start_cost_frac"), summary.get("epoch_start_cost_s") or []
+    if share is None or share <= EPOCH_START_NOTABLE:
+        return ""
+    loader = summary.get("loader") or {}
+    remedy = ""
+    if loader.get("num_workers") and not loader.get("persistent_workers"):
+        remedy = ": set data.persistent_workers=true (workers are started again at every epoch)"
+    return f"; each epoch start costs {statistics.median(costs):.2f} s ({share:.0%} of an epoch){remedy}"
+
+
+def epoch_start_line(summary: dict[str, Any]) -> str:
+    """The console's epoch-start row: the first batch's wait and the stall after it."""
+    first, costs = summary.get("epoch_first_batch_s") or [], summary.get("epoch_start_cost_s") or []
+    if not first:
+        return "n/a"
+    text = f"first batch after {statistics.median(first):.3f} s (median of {len(first)} epoch(s))"
+    if not costs:
+        return f"{text}; one epoch: no later epoch start to measure"
+    share = summary.get("epoch_start_cost_frac")
+    of_epoch = f" ({share:.1%} of an epoch)" if share is not None else ""
+    return f"{text}; each later start costs {statistics.median(costs):.3f} s{of_epoch}"
+
+
+def _bound(summary: dict[str, Any], wait: float) -> str:
     pipeline = summary.get("pipeline")
     if wait > INPUT_BOUND_WAIT:
         stage = input_stage(pipeline)
@@ -151,6 +183,26 @@ def why_not_measured(steps_run: int, warmup_steps: int) -> str:
     return f"not measured: no steady-state window closed in this run's {steps_run} steps"
 
 
+def too_few_windows(windows: int, skip_first_steps: int, log_every_n_steps: int) -> str:
+    """Why a run's throughput has no interval, and the run length that would give one."""
+    enough = windows_needed(skip_first_steps, log_every_n_steps)
+    return (
+        f"no interval: {windows} steady-state window(s), {MIN_WINDOWS} needed to bound the median; run at "
+        f"least {enough} steps (train.max_steps, train.epochs) or lower metrics.log_every_n_steps"
+    )
+
+
+def rate_line(summary: dict[str, Any]) -> str:
+    """`767.1 (95% interval of the median window 740.2-790.0, 12 windows)`, or why there is no figure."""
+    if summary.get("images_per_sec_note"):
+        return summary["images_per_sec_note"]
+    rate, interval = _fmt(summary["images_per_sec"], ",.1f"), summary.get("images_per_sec_interval")
+    if not interval:
+        return f"{rate} ({summary.get('images_per_sec_interval_note') or 'no interval'})"
+    windows = len(summary.get("images_per_sec_windows") or [])
+    return f"{rate} (95% interval of the median window {interval[0]:,.1f}-{interval[1]:,.1f}, {windows} windows)"
+
+
 def _fmt(value: Any, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
@@ -159,8 +211,9 @@ def print_table(summary: dict[str, Any]) -> None:
     """A short summary on the console."""
     loader = summary["loader"]
     rows = [
-        ("images/s (steady state)", summary.get("images_per_sec_note") or _fmt(summary["images_per_sec"], ",.1f")),
+        ("images/s (steady state)", rate_line(summary)),
         ("data wait (share of step)", _fmt(summary["data_wait_frac"], ".1%")),
+        ("epoch start", epoch_start_line(summary)),
         ("step time (ms)", _fmt(summary["step_time_ms"], ".1f")),
         ("verdict", summary.get("verdict") or "n/a"),
         ("input stages (ms per image)", stages_line(summary.get("pipeline"))),

@@ -18,7 +18,16 @@ class RunSummary:
     images_per_sec_per_process: float | None
     images_per_sec_median: float | None  # the median window's, this process
     images_per_sec_windows: list[float]  # each steady window's, this process
+    # 95% interval of the median window's images/s (metrics/spread.py), scaled to all ranks like images_per_sec
+    images_per_sec_interval: list[float] | None
+    images_per_sec_interval_note: str | None  # why there is no interval: too few windows, and the steps enough
     data_wait_frac: float | None  # share of step time waiting for a batch, mean over ranks
+    # The epoch-start stall (metrics/epoch_start.py), this process: seconds from each epoch's start to its first
+    # batch; each later epoch's first window beyond its steps at the steady step time; the median of that as a
+    # share of an epoch
+    epoch_first_batch_s: list[float]
+    epoch_start_cost_s: list[float]
+    epoch_start_cost_frac: float | None
     data_wait_frac_max: float | None  # the slowest rank's
     step_time_ms: float | None
     measured_steps: int  # steps in the steady state (after metrics.skip_first_steps)

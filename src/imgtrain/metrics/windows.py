@@ -11,6 +11,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from imgtrain.metrics.spread import median_interval
+
 
 @dataclass
 class Window:
@@ -72,10 +74,20 @@ class StepMeter:
             self.windows.append(window)
         return window
 
+    def steady_step_s(self) -> float | None:
+        """The median steady window's seconds per step (None before the first steady window)."""
+        return statistics.median(w.seconds / w.steps for w in self.windows) if self.windows else None
+
     def summary(self) -> dict[str, float | None | list[float]]:
         """Steady-state figures over every kept window; None when the run was too short to have any."""
         if not self.windows:
-            return {"images_per_sec": None, "data_wait_frac": None, "step_time_ms": None, "windows": []}
+            return {
+                "images_per_sec": None,
+                "data_wait_frac": None,
+                "step_time_ms": None,
+                "windows": [],
+                "images_per_sec_interval": None,
+            }
         seconds = sum(w.seconds for w in self.windows)
         rates = [w.images_per_sec for w in self.windows]
         return {
@@ -83,6 +95,7 @@ class StepMeter:
             "data_wait_frac": min(1.0, sum(w.wait_seconds for w in self.windows) / seconds),
             "step_time_ms": 1000.0 * seconds / sum(w.steps for w in self.windows),
             "images_per_sec_median": statistics.median(rates),
+            "images_per_sec_interval": median_interval(rates),  # of the median; None with too few windows
             "measured_steps": sum(w.steps for w in self.windows),
             "measured_seconds": seconds,
             "windows": [round(r, 2) for r in rates],

@@ -1,0 +1,111 @@
+"""How a sweep's jobs are ranked: by the median of their steady-state window throughputs, with its 95% interval
+(metrics/spread.py). A setting is named fastest only when its interval clears every other's; settings whose
+intervals overlap the leader's are tied, and the cheapest of a tie is recommended."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from imgtrain.metrics.spread import median_interval, overlaps
+from imgtrain.sweep_plot import describe
+
+# A job whose middle half of window throughputs spans more than this share of its median is marked noisy.
+NOISY_SPREAD = 0.15
+
+
+def spread_of(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The median window rate and its 95% interval, in the units of images_per_sec (all ranks), recomputed from
+    the windows so that runs written before metrics.json carried an interval are ranked the same way; and what
+    makes a setting cheap (its workers, its pinned memory)."""
+    windows = metrics.get("images_per_sec_windows") or []
+    per_process, total = metrics.get("images_per_sec_per_process"), metrics.get("images_per_sec")
+    ranks = total / per_process if total and per_process else 1.0
+    interval = median_interval(windows)
+    loader = metrics.get("loader") or {}
+    return {
+        "rate_median": statistics.median(windows) * ranks if windows else None,
+        "interval_low": interval[0] * ranks if interval else None,
+        "interval_high": interval[1] * ranks if interval else None,
+        "interval_note": metrics.get("images_per_sec_interval_note") or ("" if interval else "too few windows"),
+        "workers": loader.get("num_workers"),
+        "pin": loader.get("pin_memory"),
+    }
+
+
+def rank(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Rank the finished jobs by their median window throughput and its 95% interval (metrics/spread.py) and
+    return the one to recommend: the fastest when its interval clears every other's, else the cheapest of the
+    jobs tied with it (`cheapest`). Each row gets `standing` and a `confidence` note that says why."""
+    ok = [row for row in rows if row["status"] == "ok" and row["images_per_sec"]]
+    if any(row["mode"] == "train" for row in ok):  # the ceiling modes are yardsticks, not settings to pick
+        ok = [row for row in ok if row["mode"] == "train"]
+    for row in rows:
+        row["standing"], row["confidence"] = "", _noisy(row)
+    measured = [row for row in ok if row["interval_low"] is not None]
+    for row in ok:
+        if row not in measured:
+            row["standing"] = "not ranked"
+            row["confidence"] = _join(f"not ranked: {row['interval_note']}", row["confidence"])
+    if not measured:
+        return None
+    leader = max(measured, key=lambda row: row["rate_median"])
+    tied = [row for row in measured if overlaps(_interval(row), _interval(leader))]
+    best = leader if len(tied) == 1 else cheapest(tied)
+    for row in measured:
+        if len(tied) == 1:
+            row["standing"] = "fastest" if row is leader else "slower"
+        else:
+            row["standing"] = ("recommended: cheapest of a tie" if row is best else "tied") if row in tied else "slower"
+        if row["standing"] == "slower":
+            row["confidence"] = _join("slower: its interval lies below the leader's", row["confidence"])
+        elif row["standing"] == "tied":
+            row["confidence"] = _join("tied with the leader within noise (intervals overlap)", row["confidence"])
+    return best
+
+
+def cheapest(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Of settings that run equally fast: the fewest DataLoader workers, then the least memory (PSS), then
+    pin_memory=false (no page-locked buffers)."""
+
+    def cost(row: dict[str, Any]) -> tuple[float, float, int]:
+        workers = row.get("workers")
+        pss = row.get("pss_peak_gb")
+        return (math.inf if workers is None else workers, math.inf if pss is None else pss, int(bool(row.get("pin"))))
+
+    return min(rows, key=cost)
+
+
+def decision(rows: list[dict[str, Any]], swept: list[str], best: dict[str, Any] | None) -> str:
+    """The report's answer in one line: the fastest setting when it is separated, else the tie and its cheapest."""
+    if best is None:
+        notes = [row["interval_note"] for row in rows if row.get("standing") == "not ranked" and row["interval_note"]]
+        return "No job can be ranked: " + (notes[0] if notes else "none finished with a throughput figure") + "."
+    low, high = best["interval_low"], best["interval_high"]
+    figure = f"{best['rate_median']:.1f} images/s (median window; 95% interval {low:.1f}-{high:.1f})"
+    if best["standing"] == "fastest":
+        others = [row for row in rows if row.get("standing") == "slower"]
+        margin = f", clear of the {len(others)} other(s)" if others else ""
+        return f"Fastest here: {describe(best, swept)} at {figure}{margin}."
+    tied = [row for row in rows if row.get("standing", "").startswith(("tied", "recommended"))]
+    names = ", ".join(describe(row, swept) for row in tied)
+    return (
+        f"Tied within noise: {names} (their intervals overlap). Recommended: {describe(best, swept)}, the cheapest "
+        f"of them (fewest workers, then least memory, then pin_memory=false), at {figure}."
+    )
+
+
+def _interval(row: dict[str, Any]) -> tuple[float, float]:
+    return row["interval_low"], row["interval_high"]
+
+
+def _noisy(row: dict[str, Any]) -> str:
+    median, p25, p75 = row["images_per_sec_median"], row["images_per_sec_p25"], row["images_per_sec_p75"]
+    if median and p25 is not None and (p75 - p25) / median > NOISY_SPREAD:
+        return f"noisy: middle half of windows spans {(p75 - p25) / median:.0%} of the median"
+    return ""
+
+
+def _join(*notes: str) -> str:
+    return "; ".join(note for note in notes if note)
