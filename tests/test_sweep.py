@@ -437,3 +437,18 @@ def test_the_report_says_what_the_jobs_ran_on(tmp_path: Path) -> None:
     assert (
         _csv_rows(tmp_path / "moved")[1]["ran_on"] == "hostname=node2 gpu_name=NVIDIA H100 torch=2.5.1 cpus_available=8"
     )
+
+
+def test_the_plot_is_honest_about_scale_noise_and_ceilings(tmp_path: Path) -> None:
+    """Throughput from zero, each ranked point with its 95% interval, an unranked one hollow, and a job drawn
+    above a ceiling says so in the ceiling's legend entry."""
+    _mixed_sweep(tmp_path)
+    _, fig = _drawn(tmp_path)
+    rate_ax = next(ax for ax in fig.axes if ax.get_title() == "Throughput")
+    assert rate_ax.get_ylim()[0] == 0 and "95% interval" in rate_ax.get_ylabel()
+    labels = rate_ax.get_legend_handles_labels()[1]
+    assert any(label.startswith("hollow: too few windows") for label in labels)  # job 4: one window
+    above = [label for label in labels if "above it" in label]
+    assert above and all("job 1" in label for label in above)  # 140 img/s against the 125 of the compute probe
+    bars = [c for c in rate_ax.containers if c.__class__.__name__ == "ErrorbarContainer"]
+    assert len(bars) == 2  # jobs 0 and 1 (six windows each)

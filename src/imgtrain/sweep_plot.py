@@ -118,16 +118,34 @@ def stage_bars(rows: list[dict[str, Any]], swept: list[str]) -> tuple[list[str],
     return [stage_label(row, swept) for row, _ in timed], heights
 
 
+def error_bars(row: dict[str, Any]) -> tuple[float, float] | None:
+    """(below, above) the plotted median: its 95% interval (sweep_rank), None when the job has too few windows.
+    Clamped at 0: the interval comes from metrics.json's windows, rounded to 0.01 img/s, the median from the
+    unrounded ones, and matplotlib refuses a negative bar."""
+    r, low, high = rate(row), row.get("interval_low"), row.get("interval_high")
+    if r is None or low is None or high is None:
+        return None
+    return max(0.0, r - low), max(0.0, high - r)
+
+
 def _draw_series(ax_rate: Any, ax_wait: Any, rows: list[dict[str, Any]], swept: list[str]) -> None:
     xs = x_values(rows, swept[0] if swept else "job")
+    unranked = False
     for label, members in series(rows, swept).items():
         x, rates = [xs[row["job"]] for row in members], [rate(row) for row in members]
-        # Clamped at 0: the quartiles come from metrics.json's windows, rounded to 0.01 img/s, the median from the
-        # unrounded ones; with one window the rounding alone made a negative bar and matplotlib refused the plot.
-        low = [max(0.0, r - (row["images_per_sec_p25"] or r)) for r, row in zip(rates, members, strict=True)]
-        high = [max(0.0, (row["images_per_sec_p75"] or r) - r) for r, row in zip(rates, members, strict=True)]
-        ax_rate.errorbar(x, rates, yerr=[low, high], marker="o", capsize=3, label=label)
+        (line,) = ax_rate.plot(x, rates, marker="o", label=label)
+        for row in members:
+            bars = error_bars(row)
+            if bars is None:  # too few windows for an interval: a hollow point, not ranked
+                ax_rate.plot([xs[row["job"]]], [rate(row)], marker="o", markerfacecolor="white", color=line.get_color())
+                unranked = True
+            else:
+                ax_rate.errorbar([xs[row["job"]]], [rate(row)], yerr=[[bars[0]], [bars[1]]], capsize=3,
+                                 color=line.get_color(), linestyle="none")  # fmt: skip
         ax_wait.plot(x, [100 * (row["data_wait_frac"] or 0) for row in members], marker="o", label=label)
+    if unranked:
+        ax_rate.plot([], [], marker="o", markerfacecolor="white", color="gray", linestyle="none",
+                     label="hollow: too few windows for an interval, not ranked")  # fmt: skip
     if xs and all(isinstance(x, float) for x in xs.values()):
         for ax in (ax_rate, ax_wait):
             ax.set_xticks(sorted(set(xs.values())))
@@ -169,6 +187,9 @@ def _draw_ceilings(ax: Any, rows: list[dict[str, Any]]) -> None:
     close = 0.06 * (max(ys) - min(ys)) if ys else 0.0  # labels nearer than this (images/s) would overlap
     last = {0.99: -float("inf"), 0.01: -float("inf")}  # the last figure written at the right end, at the left
     for (kind, figure, label), color in zip(lines, CEILING_COLORS, strict=False):
+        above = [row["job"] for row in _plotted(rows) if row["mode"] == "train" and (rate(row) or 0) > figure]
+        if above:  # a ceiling is one short measurement, not a bound: a job above it is within its noise
+            label += f"; job {', '.join(above)} above it: one short probe, within its noise"
         ax.axhline(figure, color=color, linestyle="--" if kind == "loader" else ":", label=label, gid="ceiling")
         side = next((x for x, below in last.items() if figure - below > close), None)
         if side is not None:  # else no room: the legend still gives the figure
@@ -212,14 +233,15 @@ def plot(path: Path | None, rows: list[dict[str, Any]], swept: list[str], best: 
     if best is not None and rate(best):
         _draw_fastest(ax_rate, rows, swept, best)
     x_key = swept[0] if swept else "job"
-    ax_rate.set(xlabel=x_key, ylabel="images/s (median of windows)", title="Throughput")
+    ax_rate.set(xlabel=x_key, ylabel="images/s (median window; bars: its 95% interval)", title="Throughput")
     ax_wait.set(xlabel=x_key, ylabel="% of step time waiting for data", title="Data wait")
     ax_rate.margins(y=0.15)  # room above the top point for the fastest job's label
-    ax_wait.set_ylim(bottom=0)
+    for ax in (ax_rate, ax_wait):
+        ax.set_ylim(bottom=0)  # from zero: a 14% difference must not look like a cliff
     several = len(series(rows, swept)) > 1
     for ax in (ax_rate, ax_wait):
         ax.grid(alpha=0.3)
-        if several or (ax is ax_rate and ceiling_lines(rows)):
+        if several or (ax is ax_rate and (ceiling_lines(rows) or ax.get_legend_handles_labels()[0])):
             ax.legend(fontsize=7)
     if path is not None:
         fig.tight_layout()
