@@ -18,8 +18,8 @@ from PIL import Image
 
 from imgtrain.metrics import report, spread
 from imgtrain.run import run
-from imgtrain.sweep_rank import cheapest, decision
-from imgtrain.sweep_report import rank, read_job
+from imgtrain.sweep_rank import cheapest, decision, drift
+from imgtrain.sweep_report import rank, read_job, reproduce_command
 
 # The sweeps override data.num_workers. A window per step: 6 steady windows of 8 steps, enough for an interval.
 SWEEP = [*FAST, "metrics.log_every_n_steps=1"]
@@ -159,11 +159,15 @@ def test_verdict_and_next_setting() -> None:
     assert report.verdict({**_summary(0.4, 2), "mode": "loader"}) == ""
 
 
-def _synthetic_job(tmp_path: Path, num: int, windows: list[float], pss: float = 1.0, pin: bool = False) -> dict:
-    """A finished job with these window rates (one process), `num` workers and this memory peak."""
-    folder = tmp_path / str(num)
+def _synthetic_job(
+    tmp_path: Path, num: int, windows: list[float], pss: float = 1.0, pin: bool = False, job: int | None = None
+) -> dict:
+    """A finished job with these window rates (one process), `num` workers and this memory peak; with `job`,
+    that job number and `repeat=<job>` among its overrides."""
+    folder = tmp_path / str(num if job is None else job)
     (folder / ".hydra").mkdir(parents=True)
-    (folder / ".hydra" / "overrides.yaml").write_text(f"- data.num_workers={num}\n")
+    repeat = "" if job is None else f"- repeat={job}\n"
+    (folder / ".hydra" / "overrides.yaml").write_text(f"{repeat}- data.num_workers={num}\n")
     metrics = {
         "images_per_sec": sum(windows) / len(windows),
         "images_per_sec_per_process": sum(windows) / len(windows),
@@ -452,3 +456,37 @@ def test_the_plot_is_honest_about_scale_noise_and_ceilings(tmp_path: Path) -> No
     assert above and all("job 1" in label for label in above)  # 140 img/s against the 125 of the compute probe
     bars = [c for c in rate_ax.containers if c.__class__.__name__ == "ErrorbarContainer"]
     assert len(bars) == 2  # jobs 0 and 1 (six windows each)
+
+
+def test_repeats_of_a_setting_are_pooled_and_the_drift_is_measured_against_the_gaps(tmp_path: Path) -> None:
+    """repeat=0,1 first on the command line: jobs 0, 1 run settings A (2 workers) and B (0 workers), jobs 2, 3
+    run them again. The machine slowed by 10% between the rounds."""
+    rows = [
+        _synthetic_job(tmp_path, 2, _series(200, 4, seed=1), job=0),
+        _synthetic_job(tmp_path, 0, _series(150, 4, seed=2), job=1),
+        _synthetic_job(tmp_path, 2, _series(180, 4, seed=3), job=2),
+        _synthetic_job(tmp_path, 0, _series(135, 4, seed=4), job=3),
+    ]
+    best = rank(rows)
+    assert best is rows[0] and [row["standing"] for row in rows] == ["fastest", "slower", "fastest", "slower"]
+    assert rows[0]["repeats"] == 2 and rows[0]["rate_median"] == rows[2]["rate_median"]  # pooled: 24 windows
+    line = decision(rows, ["data.num_workers"], best)
+    assert line.startswith("Fastest here: data.num_workers=2 at ") and "2 runs pooled" in line
+    assert "clear of the 1 other(s)" in line
+    moved = drift(rows)
+    assert moved.startswith("Drift: a setting's last run against its first: -1") and "(median of 2)" in moved
+    assert "the smallest gap between settings is 3" in moved and "larger" not in moved  # -10% against 33%
+    assert reproduce_command(rows[0]) == "python train.py data.num_workers=2"  # without the repeat index
+
+
+def test_drift_larger_than_the_gaps_is_said_and_no_repeats_says_how_to_measure(tmp_path: Path) -> None:
+    rows = [
+        _synthetic_job(tmp_path, 2, _series(200, 4, seed=1), job=0),
+        _synthetic_job(tmp_path, 0, _series(190, 4, seed=2), job=1),
+        _synthetic_job(tmp_path, 2, _series(150, 4, seed=3), job=2),
+        _synthetic_job(tmp_path, 0, _series(143, 4, seed=4), job=3),
+    ]
+    rank(rows)
+    assert "larger: the order in which jobs ran may decide the ranking" in drift(rows)
+    single = [_synthetic_job(tmp_path / "one", w, _series(100, 4, seed=w)) for w in (0, 1)]
+    assert drift(single).startswith("Drift not measured: run every setting twice, interleaved, by putting repeat")

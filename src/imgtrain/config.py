@@ -251,6 +251,9 @@ class Config:
     faults: FaultsConfig = MISSING
     mode: Mode = Mode.train
     optimized_metric: Metric = Metric.val_acc  # what run() returns to a sweeper: a key of metrics.json
+    # A sweep dimension that changes nothing: `-m repeat=0,1 data.num_workers=0,2` runs each setting twice,
+    # interleaved (the first key varies slowest); the sweep report pools the repeats and measures the drift.
+    repeat: int = checked(0, at_least(0))
     data_dir: str = "${oc.env:IMGTRAIN_DATA_DIR,'~/.cache/imgtrain'}"
     output_dir: str = "${hydra:runtime.output_dir}"
 

@@ -25,6 +25,7 @@ def spread_of(metrics: dict[str, Any]) -> dict[str, Any]:
     interval = median_interval(windows)
     loader = metrics.get("loader") or {}
     return {
+        "windows_all_ranks": [w * ranks for w in windows],
         "rate_median": statistics.median(windows) * ranks if windows else None,
         "interval_low": interval[0] * ranks if interval else None,
         "interval_high": interval[1] * ranks if interval else None,
@@ -43,6 +44,8 @@ def rank(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         ok = [row for row in ok if row["mode"] == "train"]
     for row in rows:
         row["standing"], row["confidence"] = "", _noisy(row)
+    repeats = pool_repeats(ok)  # the jobs of one setting (repeat=0,1,...) share its pooled figures
+    ok = [group[0] for group in repeats.values()]  # one row stands for its setting
     measured = [row for row in ok if row["interval_low"] is not None]
     for row in ok:
         if row not in measured:
@@ -62,7 +65,58 @@ def rank(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
             row["confidence"] = _join("slower: its interval lies below the leader's", row["confidence"])
         elif row["standing"] == "tied":
             row["confidence"] = _join("tied with the leader within noise (intervals overlap)", row["confidence"])
+    for first, *others in repeats.values():
+        for row in others:
+            row["standing"], row["confidence"] = first["standing"], first["confidence"]
     return best
+
+
+REPEAT_KEY = "repeat"  # a sweep dimension that runs the same setting again (config.Config.repeat)
+
+
+def setting_of(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """A job's setting: its overrides without the repeat index."""
+    return tuple(sorted((k, str(v)) for k, v in row["overrides"].items() if k != REPEAT_KEY))
+
+
+def pool_repeats(rows: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+    """Group rows by setting (in job order) and give the rows of a setting with several jobs the median and
+    interval of all their windows together, and `repeats`: how many jobs ran it."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(setting_of(row), []).append(row)
+    for group in groups.values():
+        if len(group) == 1:
+            continue
+        pooled = [w for row in group for w in row.get("windows_all_ranks") or []]
+        interval = median_interval(pooled)
+        for row in group:
+            row["repeats"] = len(group)
+            row["rate_median"] = statistics.median(pooled) if pooled else None
+            row["interval_low"], row["interval_high"] = interval if interval else (None, None)
+    return groups
+
+
+def drift(rows: list[dict[str, Any]]) -> str:
+    """How much the machine's speed moved during the sweep, from the settings run more than once, against the
+    smallest gap between settings; or how to measure it."""
+    groups = pool_repeats([row for row in rows if row["status"] == "ok" and row.get("windows_all_ranks")])
+    changes = []
+    for group in groups.values():
+        medians = [statistics.median(row["windows_all_ranks"]) for row in group]
+        if len(medians) > 1:  # the first and the last run of this setting, in job (time) order
+            changes.append(medians[-1] / medians[0] - 1)
+    if not changes:
+        return (
+            "Drift not measured: run every setting twice, interleaved, by putting repeat=0,1 first "
+            "(python train.py -m repeat=0,1 data.num_workers=...); the report pools the repeats."
+        )
+    moved = statistics.median(changes)
+    medians = sorted(group[0]["rate_median"] for group in groups.values() if group[0]["rate_median"])
+    gaps = [b / a - 1 for a, b in zip(medians, medians[1:], strict=False) if a]
+    gap = f"the smallest gap between settings is {min(gaps):.1%}" if gaps else "one setting only"
+    verdict = " (larger: the order in which jobs ran may decide the ranking)" if gaps and abs(moved) > min(gaps) else ""
+    return f"Drift: a setting's last run against its first: {moved:+.1%} (median of {len(changes)}); {gap}{verdict}."
 
 
 def cheapest(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -83,12 +137,17 @@ def decision(rows: list[dict[str, Any]], swept: list[str], best: dict[str, Any] 
         notes = [row["interval_note"] for row in rows if row.get("standing") == "not ranked" and row["interval_note"]]
         return "No job can be ranked: " + (notes[0] if notes else "none finished with a throughput figure") + "."
     low, high = best["interval_low"], best["interval_high"]
-    figure = f"{best['rate_median']:.1f} images/s (median window; 95% interval {low:.1f}-{high:.1f})"
+    runs = f", {best['repeats']} runs pooled" if best.get("repeats") else ""
+    figure = f"{best['rate_median']:.1f} images/s (median window; 95% interval {low:.1f}-{high:.1f}{runs})"
+    settings = {setting_of(row): row for row in reversed(rows)}.values()  # one row per setting, the first
     if best["standing"] == "fastest":
-        others = [row for row in rows if row.get("standing") == "slower"]
+        others = [row for row in settings if row.get("standing") == "slower"]
         margin = f", clear of the {len(others)} other(s)" if others else ""
         return f"Fastest here: {describe(best, swept)} at {figure}{margin}."
-    tied = [row for row in rows if row.get("standing", "").startswith(("tied", "recommended"))]
+    tied = sorted(
+        (row for row in settings if row.get("standing", "").startswith(("tied", "recommended"))),
+        key=lambda row: int(row["job"]) if str(row["job"]).isdigit() else 0,
+    )
     names = ", ".join(describe(row, swept) for row in tied)
     return (
         f"Tied within noise: {names} (their intervals overlap). Recommended: {describe(best, swept)}, the cheapest "

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from imgtrain.dist import global_rank
 from imgtrain.sweep_plot import STAGES, describe, plot
-from imgtrain.sweep_rank import decision, rank, spread_of
+from imgtrain.sweep_rank import REPEAT_KEY, decision, drift, rank, spread_of
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def write_reports(sweep_dir: Path, rows: list[dict[str, Any]], swept: list[str],
     lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in cells]
     if ceilings(rows):
         lines += ["", ceilings(rows)]
-    lines += ["", decision(rows, swept, best)]
+    lines += ["", decision(rows, _settings(swept), best), drift(rows)]
     if best is not None:
         lines += [f"Reproduce: `{reproduce_command(best)}`"]
     if machine_lines(rows):
@@ -205,9 +205,14 @@ def write_reports(sweep_dir: Path, rows: list[dict[str, Any]], swept: list[str],
     plot(sweep_dir / "sweep_summary.png", rows, swept, best)
 
 
+def _settings(swept: list[str]) -> list[str]:
+    """The swept keys that make a setting (the repeat index does not)."""
+    return [key for key in swept if key != REPEAT_KEY] or swept
+
+
 def reproduce_command(row: dict[str, Any]) -> str:
     """A single-run command with the job's settings (a search's own config group left out)."""
-    kept = (f"{k}={v}" for k, v in row["overrides"].items() if k != "hparams_search")
+    kept = (f"{k}={v}" for k, v in row["overrides"].items() if k not in ("hparams_search", REPEAT_KEY))
     return " ".join(["python train.py", *kept])
 
 
@@ -243,7 +248,8 @@ def print_summary(rows: list[dict[str, Any]], swept: list[str], best: dict | Non
         print(ceilings(rows))
     for line in machine_lines(rows)[1:]:  # the warning only: the console is short
         print(line)
-    print(decision(rows, swept, best))
+    print(decision(rows, _settings(swept), best))
+    print(drift(rows))
     if best is None:
         print()
         return
