@@ -152,4 +152,4 @@ def test_a_worker_sweep_on_shards_reports_and_tune_chooses(shards: Path, tmp_pat
     assert [row["status"] for row in rows] == ["ok", "ok"] and all(float(row["images_per_sec"]) > 0 for row in rows)
     tuned = json.loads((sweep / "1" / "loader_args.json").read_text())["tune"]
     assert tuned["chosen"] in (0, 1, 2) and len(tuned["table"]) >= 2
-    assert "Fastest here:" in result.stdout or "tied" in result.stdout
+    assert "Fastest here:" in result.stdout or "Tied within noise:" in result.stdout, result.stdout[-2000:]

@@ -354,14 +354,14 @@ def test_the_plot_stars_the_fastest_job_and_draws_every_ceiling(tmp_path: Path) 
     rate_ax = next(ax for ax in fig.axes if ax.get_title() == "Throughput")
     (star,) = [line for line in rate_ax.get_lines() if line.get_gid() == "fastest"]
     assert list(star.get_xdata()) == [1.0] and list(star.get_ydata()) == [140.0] and star.get_marker() == "*"
-    assert any("fastest: job 1" in text.get_text() and "140.0 images/s" in text.get_text() for text in rate_ax.texts)
+    assert any("job 1: fastest" in text.get_text() and "140.0 images/s" in text.get_text() for text in rate_ax.texts)
     ceilings = sorted(line.get_ydata()[0] for line in rate_ax.get_lines() if line.get_gid() == "ceiling")
     # mode=loader 300, mode=compute 900, the best tune table entry 170, tune compute 125, the run's compute 150
     assert ceilings == [125.0, 150.0, 170.0, 300.0, 900.0]
     labels = [text.get_text() for text in rate_ax.get_legend().get_texts()]
     assert "loader ceiling (tune probe, best of 2 jobs): 170.0 images/s" in labels
     assert "compute ceiling (mode=compute): 900.0 images/s" in labels
-    figures = {text.get_text() for text in rate_ax.texts} - {"fastest: job 1\n140.0 images/s overall"}
+    figures = {text.get_text() for text in rate_ax.texts} - {"job 1: fastest\n140.0 images/s (median window)"}
     assert {"125.0", "300.0", "900.0"} <= figures <= {"125.0", "150.0", "170.0", "300.0", "900.0"}
 
 
@@ -490,3 +490,13 @@ def test_drift_larger_than_the_gaps_is_said_and_no_repeats_says_how_to_measure(t
     assert "larger: the order in which jobs ran may decide the ranking" in drift(rows)
     single = [_synthetic_job(tmp_path / "one", w, _series(100, 4, seed=w)) for w in (0, 1)]
     assert drift(single).startswith("Drift not measured: run every setting twice, interleaved, by putting repeat")
+
+
+def test_one_ranked_job_is_not_called_fastest(tmp_path: Path) -> None:
+    short = _synthetic_job(tmp_path, 0, [100.0, 110.0, 105.0])
+    long = _synthetic_job(tmp_path, 1, _series(200, 5))
+    best = rank([short, long])
+    assert best is long and long["standing"] == "the only one ranked"
+    line = decision([short, long], ["data.num_workers"], best)
+    assert line.startswith("Nothing to compare: data.num_workers=1 is the only setting ranked")
+    assert "1 other(s) not ranked: too few windows" in line

@@ -34,8 +34,9 @@ def as_number(value: Any) -> float | None:
 
 
 def rate(row: dict[str, Any]) -> float | None:
-    """The plotted throughput: the median of windows, else the overall figure (None: not measured)."""
-    return row.get("images_per_sec_median") or row.get("images_per_sec")
+    """The plotted throughput: the median window (of all of a setting's runs when it was repeated, in the units
+    of images_per_sec), else the job's own median, else the overall figure (None: not measured)."""
+    return row.get("rate_median") or row.get("images_per_sec_median") or row.get("images_per_sec")
 
 
 def _plotted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -165,14 +166,18 @@ def _draw_fastest(ax: Any, rows: list[dict[str, Any]], swept: list[str], best: d
         zorder=5,
         gid="fastest",
     )
-    title = "fastest" if best.get("standing") == "fastest" else "recommended: cheapest of a tie"
-    text = f"{title}: job {best['job']}\n{best['images_per_sec']:.1f} images/s overall"
+    title = "fastest" if best.get("standing") == "fastest" else "recommended\n(cheapest of a tie)"
+    text = f"job {best['job']}: {title}\n{y:.1f} images/s (median window)"
+    values = list(dict.fromkeys(x_values(rows, swept[0] if swept else "job").values()))  # in drawing order
+    xs = sorted(values) if all(isinstance(v, float) for v in values) else values
+    # at either end of the axis the label hangs inward, not over the axis label
+    align = "left" if x == xs[0] and len(xs) > 1 else "right" if x == xs[-1] and len(xs) > 1 else "center"
     ax.annotate(
         text,
         xy=(ax.xaxis.convert_units(x), y),
         xytext=(0, 14),
         textcoords="offset points",
-        ha="center",
+        ha=align,
         fontsize=8,
         fontweight="bold",
     )
@@ -233,7 +238,7 @@ def plot(path: Path | None, rows: list[dict[str, Any]], swept: list[str], best: 
     if best is not None and rate(best):
         _draw_fastest(ax_rate, rows, swept, best)
     x_key = swept[0] if swept else "job"
-    ax_rate.set(xlabel=x_key, ylabel="images/s (median window; bars: its 95% interval)", title="Throughput")
+    ax_rate.set(xlabel=x_key, ylabel="images/s (median window, 95% interval)", title="Throughput")
     ax_wait.set(xlabel=x_key, ylabel="% of step time waiting for data", title="Data wait")
     ax_rate.margins(y=0.15)  # room above the top point for the fastest job's label
     for ax in (ax_rate, ax_wait):

@@ -53,6 +53,9 @@ def rank(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
             row["confidence"] = _join(f"not ranked: {row['interval_note']}", row["confidence"])
     if not measured:
         return None
+    if len(measured) == 1:  # nothing measured to compare it with: not a "fastest"
+        measured[0]["standing"] = "the only one ranked"
+        return measured[0]
     leader = max(measured, key=lambda row: row["rate_median"])
     tied = [row for row in measured if overlaps(_interval(row), _interval(leader))]
     best = leader if len(tied) == 1 else cheapest(tied)
@@ -140,6 +143,10 @@ def decision(rows: list[dict[str, Any]], swept: list[str], best: dict[str, Any] 
     runs = f", {best['repeats']} runs pooled" if best.get("repeats") else ""
     figure = f"{best['rate_median']:.1f} images/s (median window; 95% interval {low:.1f}-{high:.1f}{runs})"
     settings = {setting_of(row): row for row in reversed(rows)}.values()  # one row per setting, the first
+    if best["standing"] == "the only one ranked":
+        unranked = [row for row in settings if row.get("standing") == "not ranked"]
+        why = f"; {len(unranked)} other(s) not ranked: {unranked[0]['interval_note']}" if unranked else ""
+        return f"Nothing to compare: {describe(best, swept)} is the only setting ranked, at {figure}{why}."
     if best["standing"] == "fastest":
         others = [row for row in settings if row.get("standing") == "slower"]
         margin = f", clear of the {len(others)} other(s)" if others else ""

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from imgtrain.dist import global_rank
 from imgtrain.sweep_plot import STAGES, describe, plot
-from imgtrain.sweep_rank import REPEAT_KEY, decision, drift, rank, spread_of
+from imgtrain.sweep_rank import REPEAT_KEY, decision, drift, rank, setting_of, spread_of
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,9 @@ def write_reports(sweep_dir: Path, rows: list[dict[str, Any]], swept: list[str],
     if machine_lines(rows):
         lines += ["", *machine_lines(rows)]
     (sweep_dir / "sweep_summary.md").write_text("\n".join(lines) + "\n")
-    plot(sweep_dir / "sweep_summary.png", rows, swept, best)
+    # one point per setting: a repeated setting's first job carries the figures of all its runs (sweep_rank)
+    firsts = list({setting_of(row): row for row in reversed(rows)}.values())[::-1]
+    plot(sweep_dir / "sweep_summary.png", firsts, _settings(swept), best)
 
 
 def _settings(swept: list[str]) -> list[str]:

@@ -230,18 +230,8 @@ class Metrics:
         summary = RunSummary(
             status="ok",
             mode=self.settings.mode,
-            images_per_sec=merged.images_per_sec if measured else None,
-            images_per_sec_note=None
-            if measured
-            else why_not_measured(progress.step - self.start_step, self.warmup_steps),
-            images_per_sec_per_process=perf["images_per_sec"],
-            images_per_sec_median=perf.get("images_per_sec_median"),
-            images_per_sec_windows=perf["windows"],
+            **self._throughput(perf, merged.images_per_sec if measured else None, progress.step),
             **self.epoch_starts.summary(self.meter.steady_step_s(), self.steps_per_epoch),
-            images_per_sec_interval=_scaled(perf["images_per_sec_interval"], merged.images_per_sec, perf),
-            images_per_sec_interval_note=None
-            if perf["images_per_sec_interval"]
-            else too_few_windows(len(perf["windows"]), self.warmup_steps, self.log_every),
             data_wait_frac=merged.data_wait_frac if measured else None,
             data_wait_frac_max=merged.data_wait_frac_max if measured else None,
             step_time_ms=perf["step_time_ms"],
@@ -270,6 +260,24 @@ class Metrics:
             **self._setup(loader_args, precision),
         )
         return dataclasses.asdict(summary)
+
+    def _throughput(self, perf: dict[str, Any], total: float | None, step: int) -> dict[str, Any]:
+        """The summary's images_per_sec fields: the figure (all ranks) and this process's windows, their median
+        and its interval, or why any of them is missing."""
+        interval = perf["images_per_sec_interval"]
+        return {
+            "images_per_sec": total,
+            "images_per_sec_note": None
+            if total is not None
+            else why_not_measured(step - self.start_step, self.warmup_steps),
+            "images_per_sec_per_process": perf["images_per_sec"],
+            "images_per_sec_median": perf.get("images_per_sec_median"),
+            "images_per_sec_windows": perf["windows"],
+            "images_per_sec_interval": _scaled(interval, total, perf) if total is not None else None,
+            "images_per_sec_interval_note": None
+            if interval
+            else too_few_windows(len(perf["windows"]), self.warmup_steps, self.log_every),
+        }
 
     def _setup(self, loader_args: dict, precision: str) -> dict[str, Any]:
         """What the run ran with: the summary's fields from `loader` to `environment`."""
