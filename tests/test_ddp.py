@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from helpers import FAST, run_torchrun, run_train, start_torchrun
+from helpers import FAST, _wait_for, run_torchrun, run_train, start_torchrun
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from imgtrain import dist
@@ -236,10 +236,7 @@ def test_sigterm_to_torchrun_then_resume_matches_an_uninterrupted_two_process_ru
     assert run_torchrun([*args, f"hydra.run.dir={straight}"], tmp_path, data_dir).returncode == 0
     run_dir = tmp_path / "interrupted"
     proc = start_torchrun([*args, f"hydra.run.dir={run_dir}"], tmp_path, data_dir)
-    deadline = time.monotonic() + 180
-    while not (run_dir / "checkpoints" / "last.pt").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
-        time.sleep(0.05)
+    _wait_for(run_dir / "checkpoints" / "last.pt", proc, timeout=180)
     proc.send_signal(signal.SIGTERM)  # to the agent, which passes it on to its workers
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode != 0 and output.count("stopped at step") == 2, output[-4000:]
@@ -264,10 +261,7 @@ def test_ctrl_c_under_torchrun_stops_every_rank_at_the_same_step_and_the_same_co
     args = [*DDP, "train.epochs=3", "checkpoint.every_n_steps=2", "data.num_workers=1"]
     run_dir = tmp_path / "run"
     proc = start_torchrun([*args, f"hydra.run.dir={run_dir}"], tmp_path, data_dir, session=True)
-    deadline = time.monotonic() + 180
-    while not (run_dir / "checkpoints" / "last.pt").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
-        time.sleep(0.05)
+    _wait_for(run_dir / "checkpoints" / "last.pt", proc, timeout=180)
     os.killpg(proc.pid, signal.SIGINT)
     output, _ = proc.communicate(timeout=300)
     stops = [line for line in output.splitlines() if line.startswith("stopped: SIGINT at step")]
@@ -297,10 +291,7 @@ def test_a_dead_worker_on_one_rank_ends_every_rank_within_seconds_and_the_same_c
     args = [*DDP, "train.epochs=3", "checkpoint.every_n_steps=2", "data.num_workers=1"]
     run_dir = tmp_path / "run"
     proc = start_torchrun([*args, f"hydra.run.dir={run_dir}"], tmp_path, data_dir, session=True)
-    deadline = time.monotonic() + 180
-    while not (run_dir / "checkpoints" / "last.pt").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
-        time.sleep(0.05)
+    _wait_for(run_dir / "checkpoints" / "last.pt", proc, timeout=180)
     victim = _loader_workers_of_rank(psutil.Process(proc.pid), "1")[0]
     started = time.monotonic()
     victim.kill()
