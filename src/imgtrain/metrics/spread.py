@@ -16,7 +16,6 @@ Two runs differ only when their intervals do not overlap. Otherwise they are tie
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 
 CONFIDENCE = 0.95
@@ -51,13 +50,3 @@ def windows_needed(skip_first_steps: int, log_every_n_steps: int) -> int:
 def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
     """Whether two intervals share any value: the runs are not told apart by these measurements."""
     return a[0] <= b[1] and b[0] <= a[1]
-
-
-def summarize(values: Sequence[float]) -> dict[str, float | None]:
-    """The median of the values and its interval (None, None when there are too few)."""
-    interval = median_interval(values)
-    return {
-        "median": statistics.median(values) if values else None,
-        "low": interval[0] if interval else None,
-        "high": interval[1] if interval else None,
-    }
