@@ -90,8 +90,9 @@ def test_bad_input_is_one_clear_line(override: str, expected: str, tmp_path: Pat
         ("data.num_workers=-1", "error: data.num_workers=-1 is invalid: expected an integer >= 0, auto or tune"),
         ("system.device=cuda {fake_gpu}", "2 processes on this node but only 1 GPU(s) are visible"),
         ("trainer.epochs=3", "error: trainer.epochs is now train.epochs (trainer.* was split by concern"),
+        ("-m hydra.callbacks.sweep_report.min_gain=2", "sweep_report.min_gain=2: expected a fraction in [0, 1)"),
     ],
-    ids=["validation", "device", "composition"],
+    ids=["validation", "device", "composition", "sweep-callback"],
 )
 def test_train_py_exits_2_with_one_line_on_stderr(override: str, expected: str, tmp_path: Path, data_dir: Path):
     env = {}

@@ -19,6 +19,7 @@ from imgtrain.data.feed import Feed
 from imgtrain.data.loader import GuardedSamples, collate
 from imgtrain.metrics import report
 from imgtrain.metrics.pipeline import PipelineMeter
+from imgtrain.metrics.spread import Rate
 from imgtrain.run import run
 
 
@@ -141,7 +142,28 @@ def test_workers_taking_the_cpus_the_model_needs_is_not_called_compute_bound() -
     fine = _summary(0.02, per_image, pipeline={"compute_images_per_sec": 200.0}, images_per_sec_per_process=190.0)
     assert report.verdict(fine).endswith("(training ran at 95% of the model's own 200.0 images/s)")
     faster = _summary(0.02, per_image, pipeline={"compute_images_per_sec": 95.8}, images_per_sec_per_process=123.8)
-    assert report.verdict(faster).endswith("ran 95.8 images/s: training kept up with it)")
+    assert report.verdict(faster).endswith(
+        "(training and the model alone are indistinguishable: 123.8 against 95.8 images/s, within their noise)"
+    )
+
+
+def test_the_verdict_compares_training_with_the_model_by_their_intervals() -> None:
+    """Twelve windows around 100 images/s: against a model probe of 104 (98-110) they are indistinguishable, never
+    "104%"; against 150 (140-160) training ran at 67% of it; far below and separated it is contention."""
+    windows = [100.0 + d for d in (-2, -1, 0, 1, 2, 0) * 2]  # median 100
+    per_image = {"read": 0.1, "decode": 3.0, "augment": 0.5}
+
+    def summary(compute: float, interval: list[float]) -> dict:
+        pipeline = {"compute_images_per_sec": compute, "compute_images_per_sec_interval": interval}
+        return _summary(0.02, per_image, busy=0.01, pipeline=pipeline, images_per_sec_windows=windows)
+
+    close = report.verdict(summary(104.0, [98.0, 110.0]))
+    assert "(training and the model alone are indistinguishable: 100.0 against 104.0 images/s" in close
+    assert "%" not in close.split("(training")[1]
+    below = report.verdict(summary(150.0, [140.0, 160.0]))
+    assert below.endswith("(training ran at 67% of the model's own 150.0 images/s, 95% interval 140.0-160.0)")
+    contended = _summary(0.02, per_image, pipeline={"compute_images_per_sec": 150.0}, images_per_sec_windows=windows)
+    assert report.verdict(contended).startswith("CPU-contended: training ran at 100.0 images/s, 67% of the model's")
 
 
 def test_the_compute_probe_runs_when_loading_and_training_ask_for_more_cpus_than_there_are(monkeypatch) -> None:
@@ -154,13 +176,36 @@ def test_the_compute_probe_runs_when_loading_and_training_ask_for_more_cpus_than
     assert tune.contention_plausible(True, None, 0.0, 0, cpu) and not tune.contention_plausible(False, 0.0, 9, 9, cpu)
 
 
+def _rounds(rate: float, noise: float, n: int = 6) -> Rate:
+    """A candidate probed in `n` rounds around `rate`, each within +-noise."""
+    return Rate.of([rate + noise * ((i % 3) - 1) for i in range(n)])
+
+
 def test_tune_keeps_the_fewest_workers_comfortably_ahead_else_the_fastest() -> None:
-    table = [{"num_workers": w, "images_per_sec": r} for w, r in [(0, 90.0), (1, 130.0), (2, 260.0), (4, 270.0)]]
-    assert tune.choose(table, compute=100.0)[0] == 1  # 130 >= 1.25 x 100
-    assert tune.choose(table, compute=200.0)[0] == 2
-    chosen, reason = tune.choose(table, compute=1000.0)
-    assert chosen == 4 and "the run will be input-bound" in reason
+    table = {w: _rounds(r, 2.0) for w, r in [(0, 90.0), (1, 130.0), (2, 260.0), (4, 262.0)]}
+    assert tune.choose(table, compute=_rounds(100.0, 1.0))[0] == 1  # 130 >= 1.25 x 100
+    assert tune.choose(table, compute=_rounds(200.0, 1.0))[0] == 2
+    chosen, reason, separated = tune.choose(table, compute=_rounds(1000.0, 1.0))
+    assert chosen == 2 and "tied within noise with [4]" in reason and "the run will be input-bound" in reason
+    assert not separated  # 260 and 262, each +-2: their intervals overlap, so the fewer workers
+    table[4] = _rounds(300.0, 2.0)
+    chosen, reason, separated = tune.choose(table, compute=_rounds(1000.0, 1.0))
+    assert chosen == 4 and separated
     assert tune.worker_counts(16) == [0, 1, 2, 4, 8, 15, 16] and tune.worker_counts(2) == [0, 1, 2]
+
+
+def test_tune_says_how_sure_its_choice_is() -> None:
+    """Separated: the chosen loader's interval clears 1.25x the model's and the fewer count's stays below it.
+    A loader within noise of the line, or too few rounds for intervals, is not separated."""
+    compute = _rounds(100.0, 1.0)
+    chosen, reason, separated = tune.choose({0: _rounds(90.0, 2.0), 1: _rounds(140.0, 2.0)}, compute)
+    assert chosen == 1 and separated
+    assert reason.startswith("the fewest workers whose loader stays ahead of 1.25x the model's 100.0 images/s")
+    assert "its interval's low end is +9% from the line's high end" in reason
+    chosen, _, separated = tune.choose({0: _rounds(90.0, 2.0), 1: _rounds(126.0, 4.0)}, compute)
+    assert chosen == 1 and not separated  # 122-130 against the line's 123.75-126.25
+    _, _, separated = tune.choose({0: _rounds(90.0, 2.0, n=3), 1: _rounds(140.0, 2.0, n=3)}, _rounds(100.0, 1.0, n=3))
+    assert not separated  # three rounds: no interval yet
 
 
 class Images(Dataset):
@@ -183,7 +228,7 @@ def test_a_slow_dataset_makes_tune_choose_more_workers_than_a_fast_one(monkeypat
     settings = validate(compose_cfg(*FAST, "data.batch_size=8", "data.tune_budget_s=4"))
     feed = Feed(torch.device("cpu"), torch.zeros(1, 3, 1, 1), torch.ones(1, 3, 1, 1), torch.contiguous_format, False)
     info = dist.DistInfo(rank=0, local_rank=0, world_size=1, local_world_size=1)
-    model_rate = lambda seconds: 300.0  # noqa: E731 - images/s: 10 ms per image is far too slow for it
+    model_rate = lambda seconds: Rate(300.0, None, 1)  # noqa: E731 - images/s: 10 ms per image is far too slow
     slow = tune.tune_workers(Images(0.01), settings, feed, info, model_rate)
     fast = tune.tune_workers(Images(0.0), settings, feed, info, model_rate)
     assert [row["num_workers"] for row in slow["table"]] == [0, 1, 2]

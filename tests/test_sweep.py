@@ -7,19 +7,22 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import FAST, ROOT, _env, _wait_for, compose_cfg, run_train
 from PIL import Image
 
+from imgtrain.errors import RunEnded
 from imgtrain.metrics import report, spread
 from imgtrain.run import run
-from imgtrain.sweep_rank import cheapest, decision, drift
-from imgtrain.sweep_report import rank, read_job, reproduce_command
+from imgtrain.sweep_rank import MIN_GAIN, cheapest, decision, drift
+from imgtrain.sweep_report import SweepReport, rank, read_job, reproduce_command
 
 # The sweeps override data.num_workers. A window per step: 6 steady windows of 8 steps, enough for an interval.
 SWEEP = [*FAST, "metrics.log_every_n_steps=1"]
@@ -248,15 +251,20 @@ def test_rank_marks_noise(tmp_path: Path) -> None:
     assert "noisy" in noisy["confidence"]
 
 
-def test_ceilings_line_names_the_limit() -> None:
+def test_ceilings_line_names_the_limit_only_when_the_intervals_tell_it() -> None:
     from imgtrain.sweep_report import ceilings
 
-    def row(mode: str, rate: float) -> dict:
-        return {"status": "ok", "mode": mode, "images_per_sec": rate}
+    def row(mode: str, rate: float, noise: float = 5.0) -> dict:
+        figures = {"images_per_sec": rate, "rate_median": rate, "windows_all_ranks": [rate] * 6}
+        return {"status": "ok", "mode": mode, **figures, "interval_low": rate - noise, "interval_high": rate + noise}
 
     line = ceilings([row("loader", 300.0), row("compute", 900.0), row("train", 270.0)])
-    assert "input-bound" in line and "300.0" in line and "90%" in line
-    assert "compute-bound" in ceilings([row("loader", 3000.0), row("compute", 900.0)])
+    assert "input pipeline 300.0 images/s (95% interval 295.0-305.0, 6 samples)" in line
+    assert "input-bound: the input pipeline is the limit" in line and "(90% of the lower)" in line
+    assert "compute-bound: the model is the limit" in ceilings([row("loader", 3000.0), row("compute", 900.0)])
+    close = ceilings([row("loader", 890.0, 10.0), row("compute", 900.0, 10.0), row("train", 905.0)])
+    assert "-> the two are indistinguishable;" in close and "indistinguishable from the lower ceiling" in close
+    assert "%" not in close.split("training reached")[1]  # never "training reached 102% of the ceiling"
     assert ceilings([row("train", 270.0)]) == ""
 
 
@@ -312,6 +320,7 @@ def _mixed_sweep(sweep: Path) -> None:
     pipeline1 = {"stage_ms_per_image": _stages(0.06, 0.3, h2d=0.03), "worker_busy_frac": 0.5, "input_stage": None}
     tune0 = {"table": [{"num_workers": 0, "images_per_sec": 80.0}, {"num_workers": 1, "images_per_sec": 150.0}]}
     tune1 = {"table": [{"num_workers": 1, "images_per_sec": 170.0}], "compute_images_per_sec": 125.0, "chosen": 1}
+    tune1["compute_images_per_sec_interval"] = [119.0, 131.0]
     _fake_job(
         sweep,
         0,
@@ -359,8 +368,12 @@ def test_the_plot_stars_the_fastest_job_and_draws_every_ceiling(tmp_path: Path) 
     # mode=loader 300, mode=compute 900, the best tune table entry 170, tune compute 125, the run's compute 150
     assert ceilings == [125.0, 150.0, 170.0, 300.0, 900.0]
     labels = [text.get_text() for text in rate_ax.get_legend().get_texts()]
-    assert "loader ceiling (tune probe, best of 2 jobs): 170.0 images/s" in labels
-    assert "compute ceiling (mode=compute): 900.0 images/s" in labels
+    assert "loader ceiling (tune probe, best of 2 jobs): 170.0 images/s, no interval" in labels
+    assert "compute ceiling (mode=compute): 900.0 images/s, no interval" in labels
+    (band,) = [patch for patch in rate_ax.patches if patch.get_gid() == "ceiling band"]  # tune's compute only
+    assert (band.get_y(), band.get_height()) == (119.0, 12.0)
+    tuned = "compute ceiling (tune probe, best of 2 jobs): 125.0 images/s, 95% interval 119.0-131.0; job 1 above it"
+    assert any(label.startswith(tuned) for label in labels)
     figures = {text.get_text() for text in rate_ax.texts} - {"job 1: fastest\n140.0 images/s (median window)"}
     assert {"125.0", "300.0", "900.0"} <= figures <= {"125.0", "150.0", "170.0", "300.0", "900.0"}
 
@@ -490,6 +503,55 @@ def test_drift_larger_than_the_gaps_is_said_and_no_repeats_says_how_to_measure(t
     assert "larger: the order in which jobs ran may decide the ranking" in drift(rows)
     single = [_synthetic_job(tmp_path / "one", w, _series(100, 4, seed=w)) for w in (0, 1)]
     assert drift(single).startswith("Drift not measured: run every setting twice, interleaved, by putting repeat")
+
+
+def test_separated_intervals_closer_than_the_resolution_are_a_tie(tmp_path: Path) -> None:
+    """Two settings 5% apart with tight windows: their intervals do not overlap, but without repeats a 5%
+    difference is within the 10% the sweep assumes between jobs, so it is a tie and 0 workers is recommended;
+    with min_gain=0.02 the faster one is named."""
+    rows = [_synthetic_job(tmp_path, w, _series(mean, 2, seed=w)) for w, mean in ((0, 200), (2, 210))]
+    assert rows[1]["interval_low"] > rows[0]["interval_high"]
+    best = rank(rows)
+    assert best is rows[0] and rows[1]["standing"] == "tied"
+    assert re.search(r"\(5\.\d% slower, within the sweep's resolution\)", rows[0]["confidence"])
+    assert rows[1]["confidence"].startswith("the highest median, not separated")
+    line = decision(rows, ["data.num_workers"], best)
+    assert line.startswith("Tied within noise: data.num_workers=0, data.num_workers=2")
+    assert "10%, assumed without repeats (hydra.callbacks.sweep_report.min_gain" in line
+    best = rank(rows, min_gain=0.02)
+    assert best is rows[1] and best["standing"] == "fastest"
+    line = decision(rows, ["data.num_workers"], best)
+    assert re.search(r", by 5\.\d% or more;", line)
+    assert "the sweep's resolution is 2%, assumed without repeats" in line
+
+
+def test_repeats_measure_the_resolution_between_jobs(tmp_path: Path) -> None:
+    """Each setting run twice; one setting's runs differ by 15%: settings 12% apart are then a tie, even with
+    intervals apart, while settings 30% apart stay separated."""
+    rows = [
+        _synthetic_job(tmp_path, 2, _series(230, 2, seed=1), job=0),
+        _synthetic_job(tmp_path, 0, _series(200, 2, seed=2), job=1),
+        _synthetic_job(tmp_path, 2, _series(200, 2, seed=3), job=2),
+        _synthetic_job(tmp_path, 0, _series(190, 2, seed=4), job=3),
+    ]
+    best = rank(rows, min_gain=0.0)  # the measured resolution replaces min_gain
+    assert best is rows[1] and rows[0]["standing"] == "tied"
+    assert re.match(r"15\.\d%, the most two runs of one setting differed by in this sweep", best["resolution"])
+    faster = [_synthetic_job(tmp_path / "b", 2, _series(m, 2, seed=m), job=j) for j, m in ((0, 300), (2, 280))]
+    slower = [_synthetic_job(tmp_path / "b", 0, _series(m, 2, seed=m), job=j) for j, m in ((1, 200), (3, 210))]
+    best = rank([faster[0], slower[0], faster[1], slower[1]])
+    assert best is faster[0] and best["standing"] == "fastest"
+
+
+def test_the_sweep_resolution_is_checked_and_documented_once() -> None:
+    with pytest.raises(RunEnded) as ended:
+        SweepReport(min_gain=1.5)
+    assert ended.value.code == 2
+    assert ended.value.line.startswith("error: hydra.callbacks.sweep_report.min_gain=1.5: expected a fraction in")
+    hydra_conf = yaml.safe_load((ROOT / "conf" / "config.yaml").read_text())["hydra"]
+    assert hydra_conf["callbacks"]["sweep_report"]["min_gain"] == MIN_GAIN
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"`hydra.callbacks.sweep_report.min_gain` ({MIN_GAIN:.2f}, a {MIN_GAIN:.0%} speed-up, by default" in readme
 
 
 def test_one_ranked_job_is_not_called_fastest(tmp_path: Path) -> None:

@@ -88,8 +88,9 @@ class DataConfig:
 
     batch_size: int = checked(64, at_least(1, note="images per process"))  # global: x world_size
     num_workers: Any = checked(AUTO, _workers)  # auto: CPUs of this process / local world size, minus one
-    # num_workers=tune: before training, probe the loader at a few worker counts (this many seconds in all,
-    # with the compute probe) and keep the fewest workers that stay 1.25x ahead of the model
+    # num_workers=tune: before training, probe the model alone and the loader at a few worker counts in
+    # interleaved rounds (this many seconds in all, fewer once the choice is separated) and keep the fewest
+    # workers that stay 1.25x ahead of the model
     tune_budget_s: float = checked(20.0, lambda v: None if v >= 2 else "expected seconds >= 2")
     pin_memory: bool = True  # page-locked host buffers; only meaningful with CUDA (turned off on CPU)
     prefetch_factor: int | None = checked(2, at_least(1, null=""))  # batches ahead per worker

@@ -32,6 +32,7 @@ from imgtrain.host import write_json
 from imgtrain.loop import Components, fit
 from imgtrain.metrics import Metrics
 from imgtrain.metrics.pipeline import PipelineMeter
+from imgtrain.metrics.spread import MIN_WINDOWS, Rate
 from imgtrain.model import memory_format_for, prepare_model, resolve_precision
 from imgtrain.optim import build_step
 from imgtrain.preflight import preflight
@@ -167,7 +168,7 @@ def _train_locked(
         precision,
         data.loader_args,
         wall_time_s,
-        compute_images_per_sec=own_rate,
+        compute=own_rate,
         profile_trace=profiler.trace,
     )
     metrics.finish(summary, finished)
@@ -179,7 +180,7 @@ def _tune_workers(
     data: RunData,
     info: dist.DistInfo,
     device: torch.device,
-    model_rate: Callable[[float], float],
+    model_rate: Callable[..., Rate],
     out_dir: Path,
 ) -> None:
     """data.num_workers=tune: probe, then train with the chosen count; auto's count where there is no loader."""
@@ -197,18 +198,19 @@ def _tune_workers(
 
 
 def _own_rate(
-    settings: Config, data: RunData, metrics: Metrics, device: torch.device, model_rate: Callable[[float], float]
-) -> float | None:
+    settings: Config, data: RunData, metrics: Metrics, device: torch.device, model_rate: Callable[..., Rate]
+) -> Rate | None:
     """The model's own images/s, for telling CPU contention from compute-bound: the tune probe's, or timed now
     (with the workers idle) when metrics.compute_probe says so."""
     tuned = data.loader_args.get("tune")
     if tuned:
-        return tuned["compute_images_per_sec"]
+        interval = tuned["compute_images_per_sec_interval"]
+        return Rate(tuned["compute_images_per_sec"], tuple(interval) if interval else None, tuned["rounds"])
     wait_frac, busy_cores = metrics.local_input_load()
     workers = data.loader_args["train"]["num_workers"]
     probe = settings.metrics.compute_probe
     if settings.mode != Mode.train or not tune.contention_plausible(probe, wait_frac, busy_cores, workers, device):
         return None
-    rate = model_rate(tune.CONTENTION_PROBE_S)
-    log.info("the model alone (a copy, on a batch already on %s): %.1f images/s", device, rate)
+    rate = model_rate(tune.CONTENTION_PROBE_S, MIN_WINDOWS)  # steps enough for an interval
+    log.info("the model alone (a copy, on a batch already on %s): %s", device, rate.text(of="steps"))
     return rate

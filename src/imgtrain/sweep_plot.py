@@ -7,7 +7,7 @@ any mix of rows (failed jobs, jobs without figures, older metrics.json without `
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from imgtrain.data.stages import STAGES, WORKER_STAGES  # metrics.json's `pipeline.stage_ms_per_image`, in order
 
@@ -66,36 +66,66 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _best_of(values: list[Any]) -> tuple[float, int] | None:
-    numbers = [v for v in (as_number(value) for value in values) if v]
-    return (max(numbers), len(numbers)) if numbers else None
+class Ceiling(NamedTuple):
+    """A ceiling drawn on the throughput panel: its kind, figure (images/s), legend label and 95% interval."""
+
+    kind: str
+    figure: float
+    label: str
+    band: tuple[float, float] | None
 
 
-def _best_loader_setting(tune: dict[str, Any]) -> float | None:
+def _interval(value: Any) -> tuple[float, float] | None:
+    pair = value if isinstance(value, list | tuple) and len(value) == 2 else None
+    bounds = [as_number(v) for v in pair] if pair else []
+    return (bounds[0], bounds[1]) if len(bounds) == 2 and None not in bounds else None
+
+
+def _best_of(values: list[tuple[Any, Any]]) -> tuple[float, tuple[float, float] | None, int] | None:
+    """The highest figure of (figure, interval) pairs, with its interval, and how many there were."""
+    numbers = [(v, _interval(band)) for v, band in ((as_number(value), band) for value, band in values) if v]
+    if not numbers:
+        return None
+    figure, band = max(numbers, key=lambda pair: pair[0])
+    return figure, band, len(numbers)
+
+
+def _best_loader_setting(tune: dict[str, Any]) -> tuple[Any, Any]:
     table = tune.get("table") if isinstance(tune.get("table"), list) else []
-    best = _best_of([_dict(entry).get("images_per_sec") for entry in table])
-    return best[0] if best else None
+    entries = [(_dict(e).get("images_per_sec"), _dict(e).get("images_per_sec_interval")) for e in table]
+    best = _best_of(entries)
+    return (best[0], best[1]) if best else (None, None)
 
 
-def ceiling_lines(rows: list[dict[str, Any]]) -> list[tuple[str, float, str]]:
-    """(kind, images/s, label) of each ceiling the sweep measured: mode=loader / mode=compute jobs, the jobs'
-    `tune` probes (best loader setting tried, compute alone) and `pipeline.compute_images_per_sec`; best of jobs."""
+def ceiling_lines(rows: list[dict[str, Any]]) -> list[Ceiling]:
+    """Each ceiling the sweep measured, with its interval where it has one: mode=loader / mode=compute jobs, the
+    jobs' `tune` probes (best loader setting tried, compute alone) and `pipeline.compute_images_per_sec`; the
+    best of jobs."""
     ok = [row for row in rows if row["status"] == "ok"]
     tunes = [_dict(row.get("tune")) for row in ok]
+    pipelines = [_dict(row.get("pipeline")) for row in ok]
+
+    def jobs(mode: str) -> list[tuple[Any, Any]]:
+        return [(rate(row), (row.get("interval_low"), row.get("interval_high"))) for row in ok if row["mode"] == mode]
+
+    def model(records: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
+        return [(r.get("compute_images_per_sec"), r.get("compute_images_per_sec_interval")) for r in records]
+
     sources = [
-        ("loader", "mode=loader", [row["images_per_sec"] for row in ok if row["mode"] == "loader"]),
-        ("compute", "mode=compute", [row["images_per_sec"] for row in ok if row["mode"] == "compute"]),
+        ("loader", "mode=loader", jobs("loader")),
+        ("compute", "mode=compute", jobs("compute")),
         ("loader", "tune probe", [_best_loader_setting(tune) for tune in tunes]),
-        ("compute", "tune probe", [tune.get("compute_images_per_sec") for tune in tunes]),
-        ("compute", "measured in the run", [_dict(row.get("pipeline")).get("compute_images_per_sec") for row in ok]),
+        ("compute", "tune probe", model(tunes)),
+        ("compute", "measured in the run", model(pipelines)),
     ]
     lines = []
     for kind, source, values in sources:
         best = _best_of(values)
         if best is not None:
-            figure, count = best
+            figure, band, count = best
             of = f", best of {count} jobs" if count > 1 else ""
-            lines.append((kind, figure, f"{kind} ceiling ({source}{of}): {figure:.1f} images/s"))
+            spread = f", 95% interval {band[0]:.1f}-{band[1]:.1f}" if band else ", no interval"
+            lines.append(Ceiling(kind, figure, f"{kind} ceiling ({source}{of}): {figure:.1f} images/s{spread}", band))
     return lines
 
 
@@ -187,15 +217,20 @@ CEILING_COLORS = ("tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
 
 
 def _draw_ceilings(ax: Any, rows: list[dict[str, Any]]) -> None:
-    lines = sorted(ceiling_lines(rows), key=lambda line: line[1])
-    ys = [rate(row) or 0.0 for row in _plotted(rows)] + [figure for _, figure, _ in lines]
+    lines = sorted(ceiling_lines(rows), key=lambda line: line.figure)
+    ys = [rate(row) or 0.0 for row in _plotted(rows)] + [line.figure for line in lines]
     close = 0.06 * (max(ys) - min(ys)) if ys else 0.0  # labels nearer than this (images/s) would overlap
     last = {0.99: -float("inf"), 0.01: -float("inf")}  # the last figure written at the right end, at the left
-    for (kind, figure, label), color in zip(lines, CEILING_COLORS, strict=False):
+    for (kind, figure, label, band), color in zip(lines, CEILING_COLORS, strict=False):
+        top = band[1] if band else figure
         above = [row["job"] for row in _plotted(rows) if row["mode"] == "train" and (rate(row) or 0) > figure]
-        if above:  # a ceiling is one short measurement, not a bound: a job above it is within its noise
-            label += f"; job {', '.join(above)} above it: one short probe, within its noise"
+        if above:  # a ceiling is a short measurement, not a bound: say whether a job above it clears its noise
+            beyond = any((rate(row) or 0) > top for row in _plotted(rows) if row["job"] in above)
+            why = "above its interval too: the probe ran slower than training did" if beyond else "within its interval"
+            label += f"; job {', '.join(above)} above it, {why if band else 'one short probe without an interval'}"
         ax.axhline(figure, color=color, linestyle="--" if kind == "loader" else ":", label=label, gid="ceiling")
+        if band:
+            ax.axhspan(*band, color=color, alpha=0.12, linewidth=0, gid="ceiling band")
         side = next((x for x, below in last.items() if figure - below > close), None)
         if side is not None:  # else no room: the legend still gives the figure
             last[side] = figure

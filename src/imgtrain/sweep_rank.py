@@ -1,6 +1,13 @@
 """How a sweep's jobs are ranked: by the median of their steady-state window throughputs, with its 95% interval
-(metrics/spread.py). A setting is named fastest only when its interval clears every other's; settings whose
-intervals overlap the leader's are tied, and the cheapest of a tie is recommended."""
+(metrics/spread.py). A setting is named fastest only when its interval clears every other's *and* it is faster by
+more than the sweep's resolution; the others are tied with it, and the cheapest of a tie is recommended.
+
+Why a resolution as well as intervals. A job's interval holds the noise of its own windows, not the noise between
+jobs: on a shared machine the same setting runs 10-18% faster or slower a few minutes later (BENCHMARKS.md,
+"sweep stability"), so two jobs whose intervals do not overlap may still differ only by when they ran. With
+repeats (repeat=0,1), the sweep measures that noise itself: the largest difference between two runs of one
+setting. Without them it assumes `MIN_GAIN`, as asv assumes its `--factor` of 1.1 and criterion its noise
+threshold: a smaller speed-up is not called one."""
 
 from __future__ import annotations
 
@@ -13,6 +20,9 @@ from imgtrain.sweep_plot import describe
 
 # A job whose middle half of window throughputs spans more than this share of its median is marked noisy.
 NOISY_SPREAD = 0.15
+# Without repeats: the smallest speed-up called a difference (a ratio of medians of 1.10; the same job on a shared
+# machine moves by about 10% within an hour). The sweep callback's `min_gain` overrides it.
+MIN_GAIN = 0.10
 
 
 def spread_of(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -35,10 +45,11 @@ def spread_of(metrics: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def rank(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def rank(rows: list[dict[str, Any]], min_gain: float = MIN_GAIN) -> dict[str, Any] | None:
     """Rank the finished jobs by their median window throughput and its 95% interval (metrics/spread.py) and
-    return the one to recommend: the fastest when its interval clears every other's, else the cheapest of the
-    jobs tied with it (`cheapest`). Each row gets `standing` and a `confidence` note that says why."""
+    return the one to recommend: the fastest when it is separated from every other (intervals apart and faster
+    by more than the `resolution`), else the cheapest of the jobs tied with it (`cheapest`). Each row gets
+    `standing` and a `confidence` note that says why; the one returned also gets `resolution` (its line)."""
     ok = [row for row in rows if row["status"] == "ok" and row["images_per_sec"]]
     if any(row["mode"] == "train" for row in ok):  # the ceiling modes are yardsticks, not settings to pick
         ok = [row for row in ok if row["mode"] == "train"]
@@ -57,21 +68,53 @@ def rank(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         measured[0]["standing"] = "the only one ranked"
         return measured[0]
     leader = max(measured, key=lambda row: row["rate_median"])
-    tied = [row for row in measured if overlaps(_interval(row), _interval(leader))]
+    gain, why = resolution(repeats, min_gain)
+    tied = [row for row in measured if _tied(row, leader, gain)]
     best = leader if len(tied) == 1 else cheapest(tied)
+    best["resolution"] = why
     for row in measured:
         if len(tied) == 1:
             row["standing"] = "fastest" if row is leader else "slower"
         else:
             row["standing"] = ("recommended: cheapest of a tie" if row is best else "tied") if row in tied else "slower"
-        if row["standing"] == "slower":
-            row["confidence"] = _join("slower: its interval lies below the leader's", row["confidence"])
-        elif row["standing"] == "tied":
-            row["confidence"] = _join("tied with the leader within noise (intervals overlap)", row["confidence"])
+        row["confidence"] = _join(_why(row, leader, len(tied) > 1), row["confidence"])
     for first, *others in repeats.values():
         for row in others:
             row["standing"], row["confidence"] = first["standing"], first["confidence"]
     return best
+
+
+def resolution(repeats: dict[tuple, list[dict[str, Any]]], min_gain: float) -> tuple[float, str]:
+    """The smallest relative difference this sweep can tell from noise, and a line that says where it comes from:
+    with repeats, the largest difference between the job medians of one setting; else `min_gain`."""
+    changes = []
+    for group in repeats.values():
+        medians = [statistics.median(row["windows_all_ranks"]) for row in group if row.get("windows_all_ranks")]
+        if len(medians) > 1:
+            changes.append(max(medians) / min(medians) - 1)
+    if changes:
+        return max(changes), f"{max(changes):.1%}, the most two runs of one setting differed by in this sweep"
+    return min_gain, (
+        f"{min_gain:.0%}, assumed without repeats (hydra.callbacks.sweep_report.min_gain; "
+        "repeat=0,1 measures it instead)"
+    )
+
+
+def _tied(row: dict[str, Any], leader: dict[str, Any], gain: float) -> bool:
+    """Whether `row` cannot be told from the leader: intervals overlap, or medians closer than `gain`."""
+    row["gap"] = leader["rate_median"] / row["rate_median"] - 1 if row["rate_median"] else math.inf
+    return overlaps(_interval(row), _interval(leader)) or row["gap"] <= gain
+
+
+def _why(row: dict[str, Any], leader: dict[str, Any], tie: bool) -> str:
+    """The note that says why a ranked row stands where it does."""
+    if row is leader:
+        return "the highest median, not separated from the others of the tie" if tie else ""
+    if row["standing"] == "slower":
+        return f"slower: the leader is {row['gap']:.1%} faster and their intervals are apart"
+    if overlaps(_interval(row), _interval(leader)):
+        return "tied with the leader within noise (intervals overlap)"
+    return f"tied with the leader within noise ({row['gap']:.1%} slower, within the sweep's resolution)"
 
 
 REPEAT_KEY = "repeat"  # a sweep dimension that runs the same setting again (config.Config.repeat)
@@ -150,15 +193,20 @@ def decision(rows: list[dict[str, Any]], swept: list[str], best: dict[str, Any] 
     if best["standing"] == "fastest":
         others = [row for row in settings if row.get("standing") == "slower"]
         margin = f", clear of the {len(others)} other(s)" if others else ""
-        return f"Fastest here: {describe(best, swept)} at {figure}{margin}."
+        gap = min(row["gap"] for row in others) if others else 0.0
+        return (
+            f"Fastest here: {describe(best, swept)} at {figure}{margin}, by {gap:.1%} or more; "
+            f"the sweep's resolution is {best['resolution']}."
+        )
     tied = sorted(
         (row for row in settings if row.get("standing", "").startswith(("tied", "recommended"))),
         key=lambda row: int(row["job"]) if str(row["job"]).isdigit() else 0,
     )
     names = ", ".join(describe(row, swept) for row in tied)
     return (
-        f"Tied within noise: {names} (their intervals overlap). Recommended: {describe(best, swept)}, the cheapest "
-        f"of them (fewest workers, then least memory, then pin_memory=false), at {figure}."
+        f"Tied within noise: {names} (their intervals overlap, or they differ by less than the sweep's resolution, "
+        f"{best['resolution']}). Recommended: {describe(best, swept)}, the cheapest of them (fewest workers, then "
+        f"least memory, then pin_memory=false), at {figure}."
     )
 
 

@@ -19,8 +19,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from imgtrain.dist import global_rank
+from imgtrain.errors import EXIT_BAD_INPUT, RunEnded
+from imgtrain.metrics.spread import Rate, indistinguishable
 from imgtrain.sweep_plot import STAGES, describe, plot
-from imgtrain.sweep_rank import REPEAT_KEY, decision, drift, rank, setting_of, spread_of
+from imgtrain.sweep_rank import MIN_GAIN, REPEAT_KEY, decision, drift, rank, setting_of, spread_of
 
 log = logging.getLogger(__name__)
 
@@ -219,18 +221,27 @@ def reproduce_command(row: dict[str, Any]) -> str:
 
 
 def ceilings(rows: list[dict[str, Any]]) -> str:
-    """With mode=loader and mode=compute jobs in the sweep: which ceiling bounds training, in one line."""
-    fastest = {}
+    """With mode=loader and mode=compute jobs in the sweep: which ceiling bounds training, in one line; each
+    figure is the fastest job's median window, told apart from another only when their 95% intervals are apart."""
+    fastest: dict[str, Rate] = {}
     for row in rows:
-        if row["status"] == "ok" and row["images_per_sec"]:
-            fastest[row["mode"]] = max(fastest.get(row["mode"], 0.0), row["images_per_sec"])
+        if row["status"] == "ok" and row.get("rate_median"):
+            interval = (row["interval_low"], row["interval_high"]) if row["interval_low"] is not None else None
+            candidate = Rate(row["rate_median"], interval, len(row["windows_all_ranks"]))
+            if row["mode"] not in fastest or candidate.median > fastest[row["mode"]].median:
+                fastest[row["mode"]] = candidate
     if "loader" not in fastest or "compute" not in fastest:
         return ""
     loader, compute = fastest["loader"], fastest["compute"]
-    bound = "input-bound: the input pipeline" if loader < compute else "compute-bound: the model"
-    line = f"Ceilings: input pipeline {loader:.1f} images/s, compute {compute:.1f} images/s -> {bound} is the limit"
+    bound = "input-bound: the input pipeline" if loader.median < compute.median else "compute-bound: the model"
+    bound = "the two are indistinguishable" if indistinguishable(loader, compute) else f"{bound} is the limit"
+    line = f"Ceilings: input pipeline {loader.text()}, compute {compute.text()} -> {bound}"
     if "train" in fastest:
-        line += f"; training reached {fastest['train']:.1f} images/s ({fastest['train'] / min(loader, compute):.0%})"
+        train, limit = fastest["train"], min(loader, compute, key=lambda rate: rate.median)
+        if train.median >= limit.median or indistinguishable(train, limit):
+            line += f"; training reached {train.median:.1f} images/s, indistinguishable from the lower ceiling"
+        else:
+            line += f"; training reached {train.median:.1f} images/s ({train.median / limit.median:.0%} of the lower)"
     return line
 
 
@@ -242,7 +253,9 @@ def print_summary(rows: list[dict[str, Any]], swept: list[str], best: dict | Non
             figures = f"      n/a img/s  {row['reason'] or 'not measured'}"
         elif row["status"] == "ok":
             rate, wait = row["images_per_sec"], row["data_wait_frac"] or 0.0
-            figures = f"{rate:9.1f} img/s  data wait {wait:6.1%}"
+            low, high = row.get("interval_low"), row.get("interval_high")
+            median = f"median window {row['rate_median']:.1f} ({low:.1f}-{high:.1f})" if low is not None else ""
+            figures = f"{rate:9.1f} img/s  {median:<34} data wait {wait:6.1%}"
         else:
             figures = f"FAILED: {row['reason']}"
         print(f"  job {row['job']:>3}  {describe(row, swept):<40} {figures}  {row.get('confidence', '')}")
@@ -260,24 +273,34 @@ def print_summary(rows: list[dict[str, Any]], swept: list[str], best: dict | Non
     print(f"Reproduce it: {reproduce_command(best)}\n", flush=True)
 
 
-def build_report(sweep_dir: Path) -> dict[str, Any] | None:
-    """Collect, rank, write and print; returns the fastest row (None when no job finished)."""
+def build_report(sweep_dir: Path, min_gain: float = MIN_GAIN) -> dict[str, Any] | None:
+    """Collect, rank, write and print; returns the recommended row (None when no job finished)."""
     rows, swept = collect(sweep_dir)
     if not rows:
         return None
-    best = rank(rows)
+    best = rank(rows, min_gain)
     write_reports(sweep_dir, rows, swept, best)
     print_summary(rows, swept, best, sweep_dir)
     return best
 
 
 class SweepReport(Callback):
-    """Hydra callback: after the last job of a multirun, write and print the sweep report."""
+    """Hydra callback: after the last job of a multirun, write and print the sweep report. `min_gain`: without
+    repeats, the smallest speed-up (a ratio of medians minus 1) the report calls a difference (sweep_rank)."""
+
+    def __init__(self, min_gain: float = MIN_GAIN) -> None:
+        if not 0 <= min_gain < 1:
+            raise RunEnded(
+                EXIT_BAD_INPUT,
+                f"error: hydra.callbacks.sweep_report.min_gain={min_gain}: expected a fraction in [0, 1), "
+                f"for example {MIN_GAIN} (a {MIN_GAIN:.0%} speed-up)",
+            )
+        self.min_gain = min_gain
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if global_rank() != 0:  # inside torchrun every rank runs the sweep; one report is enough
             return
         try:
-            build_report(Path(config.hydra.sweep.dir))
+            build_report(Path(config.hydra.sweep.dir), self.min_gain)
         except Exception as error:  # the jobs' own results are on disk whatever happens here
             log.error("could not build the sweep report: %s", error)

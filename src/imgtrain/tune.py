@@ -1,9 +1,12 @@
 """Measuring instead of guessing: the model's own rate, and `data.num_workers=tune`.
 
 `compute_rate` times training steps on a copy of the model, on one batch already on the device (what
-mode=compute measures, in seconds instead of a whole run). `tune_workers` probes the training loader at a few
-worker counts, for a fixed time each, and keeps the fewest workers that stay `AHEAD` of the model: past that,
-more workers only take CPU and memory from the training process (pytorch/pytorch#23048 asks for this).
+mode=compute measures, in seconds instead of a whole run), each step a sample of its spread. `tune_workers`
+probes the model and the training loader at a few worker counts in interleaved rounds, until the choice is
+separated from the noise or the budget is spent, and keeps the fewest workers that stay `AHEAD` of the model:
+past that, more workers only take CPU and memory from the training process (pytorch/pytorch#23048 asks for
+this). The rule is the sweep report's (sweep_rank): a figure counts with its 95% interval, and of settings
+that noise cannot tell apart the cheapest is kept.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from imgtrain.data.loader import LoaderPlan
 from imgtrain.data.pipeline import make_loader, plan_with_workers
 from imgtrain.host import available_cpus
 from imgtrain.metrics.report import INPUT_BOUND_WAIT
+from imgtrain.metrics.spread import MIN_WINDOWS, Rate, indistinguishable
 from imgtrain.optim import build_step
 
 log = logging.getLogger(__name__)
@@ -44,9 +48,12 @@ def compute_rate(
     precision: Precision,
     memory_format: Any,
     seconds: float,
-) -> float:
+    min_steps: int = 2,
+) -> Rate:
     """Images/s of full training steps (forward, loss, backward, update) on a copy of `base`, with a random batch
-    of the run's shape already on the device: the model's rate with no input pipeline and no other load."""
+    of the run's shape already on the device: the model's rate with no input pipeline and no other load. Each
+    step is one sample: the median step's rate, with its 95% interval (metrics/spread.py) when at least
+    `MIN_WINDOWS` steps ran (`min_steps` asks for that many)."""
     model = copy.deepcopy(base).train()  # the run's weights and BatchNorm statistics stay untouched
     step = build_step(settings, model, device, precision, (1, 1))
     size = settings.data.batch_size
@@ -61,12 +68,15 @@ def compute_rate(
     for _ in range(WARMUP_STEPS):  # allocations, cuDNN autotuning, oneDNN primitives
         one_step()
     _sync(device)
-    started, steps = time.perf_counter(), 0
-    while steps < 2 or time.perf_counter() - started < seconds:
+    started = last = time.perf_counter()
+    rates: list[float] = []
+    while len(rates) < min_steps or last - started < seconds:
         one_step()
         _sync(device)  # each step timed to its end (microseconds next to a training step)
-        steps += 1
-    return steps * size / (time.perf_counter() - started)
+        now = time.perf_counter()
+        rates.append(size / max(now - last, 1e-9))
+        last = now
+    return Rate.of(rates)
 
 
 def _sync(device: torch.device) -> None:
@@ -108,47 +118,92 @@ def worker_counts(cpus: int) -> list[int]:
     return sorted(counts)
 
 
-def choose(table: list[dict[str, float]], compute: float) -> tuple[int, str]:
-    """The fewest workers at least AHEAD x the compute rate; else the fastest (fewest on a tie)."""
-    for row in table:
-        if row["images_per_sec"] >= AHEAD * compute:
-            return int(row["num_workers"]), (
-                f"the fewest workers whose loader ({row['images_per_sec']:.1f} images/s) stays {AHEAD}x ahead of "
-                f"the model ({compute:.1f} images/s)"
-            )
-    best = max(table, key=lambda row: (row["images_per_sec"], -row["num_workers"]))
-    return int(best["num_workers"]), (
-        f"no count kept the loader {AHEAD}x ahead of the model ({compute:.1f} images/s): the fastest loader "
-        f"({best['images_per_sec']:.1f} images/s); the run will be input-bound"
+def choose(candidates: dict[int, Rate], compute: Rate) -> tuple[int, str, bool]:
+    """The fewest workers whose loader's median is at least AHEAD x the model's; else the fastest loader, or
+    the fewest workers tied with it within noise. Returns the count, why (with each figure's spread and the
+    margin), and whether the choice is separated: its figures' intervals do not reach across the line it
+    rests on, so more rounds would not change it."""
+    target = AHEAD * compute.median
+    line = f"{AHEAD}x the model's {compute.text(of='rounds')}"
+    ahead = [workers for workers, rate in candidates.items() if rate.median >= target]
+    if ahead:
+        chosen = min(ahead)
+        low, high = _bounds(candidates[chosen])
+        fewer = [_bounds(rate)[1] for workers, rate in candidates.items() if workers < chosen]
+        line_low, line_high = (AHEAD * bound for bound in _bounds(compute))
+        measured = compute.interval is not None and all(rate.interval is not None for rate in candidates.values())
+        separated = measured and low >= line_high and all(bound < line_low for bound in fewer)
+        margin = f"its interval's low end is {low / line_high - 1:+.0%} from the line's high end"
+        if fewer:
+            margin += f"; the next fewer count's high end {max(fewer) / line_low - 1:+.0%} from its low end"
+        why = f"the fewest workers whose loader stays ahead of {line} ({margin})"
+        return chosen, why, separated
+    leader = max(candidates, key=lambda workers: (candidates[workers].median, -workers))
+    tied = [w for w, rate in candidates.items() if w == leader or indistinguishable(rate, candidates[leader])]
+    chosen = min(tied)
+    separated = len(tied) == 1 and candidates[leader].interval is not None
+    ties = f"; tied within noise with {sorted(set(tied) - {chosen})}" if len(tied) > 1 else ""
+    why = (
+        f"no count kept the loader ahead of {line}: the fastest loader, or the fewest workers tied with it"
+        f"{ties}; the run will be input-bound"
     )
+    return chosen, why, separated
+
+
+def _bounds(rate: Rate) -> tuple[float, float]:
+    """A rate's interval; its median at both ends when it has none (a round or two only)."""
+    return rate.interval if rate.interval is not None else (rate.median, rate.median)
 
 
 def tune_workers(
-    dataset: Any, settings: Config, feed: Feed, info: dist.DistInfo, model_rate: Callable[[float], float]
+    dataset: Any, settings: Config, feed: Feed, info: dist.DistInfo, model_rate: Callable[[float], Rate]
 ) -> dict[str, Any]:
-    """Probe the training loader at `worker_counts` of this rank's CPU share and choose (each rank for itself).
+    """Probe the model alone and the training loader at `worker_counts` of this rank's CPU share, in interleaved
+    rounds, and choose (each rank for itself) once the choice is separated or data.tune_budget_s is spent.
 
-    `model_rate(seconds)` measures the model's images/s (`compute_rate`). Returns the probe table, that rate, the
-    chosen count and why, for loader_args.json and metrics.json. The budget (data.tune_budget_s) is shared
-    equally by the compute probe and each count.
+    `model_rate(seconds)` measures the model's images/s (`compute_rate`). Each round probes the model, then each
+    count, for the same time: a machine that slows down during tuning slows every candidate alike. A probe gives
+    one sample per round; after `MIN_WINDOWS` rounds each candidate has a 95% interval (metrics/spread.py).
+    Returns the probe table, the model's rate, the chosen count, why and how sure, for loader_args.json and
+    metrics.json.
     """
     share = max(1, available_cpus() // max(1, info.local_world_size))
     counts = worker_counts(share)
-    slot = settings.data.tune_budget_s / (len(counts) + 1)
-    seconds = max(MIN_PROBE_S, slot * (1 - STARTUP_SHARE))
-    rate = model_rate(seconds)
-    log.info("data.num_workers=tune: the model alone trains %.1f images/s; probing %s workers", rate, counts)
-    table: list[dict[str, float]] = []
-    for workers in counts:
-        plan = plan_with_workers(settings.data, workers, feed.device.type, info)
-        measured = loader_rate(dataset, plan, feed, seconds, info, settings.train.seed)
-        table.append({"num_workers": workers, "images_per_sec": measured})
-        log.info(
-            "  num_workers=%-3d %10.1f images/s%s", workers, measured, "  (ahead)" if measured >= AHEAD * rate else ""
-        )
-    chosen, reason = choose(table, rate)
-    log.info("data.num_workers=tune -> %d: %s", chosen, reason)
-    return {"table": table, "compute_images_per_sec": rate, "chosen": chosen, "reason": reason, "cpus": share}
+    budget = settings.data.tune_budget_s
+    seconds = max(MIN_PROBE_S, budget / (MIN_WINDOWS * (len(counts) + 1)) * (1 - STARTUP_SHARE))
+    log.info("data.num_workers=tune: probing the model alone and %s workers, %.1f s each per round", counts, seconds)
+    samples: dict[int, list[float]] = {workers: [] for workers in counts}
+    compute: list[float] = []
+    started, rounds = time.perf_counter(), 0
+    while True:
+        round_started = time.perf_counter()
+        compute.append(model_rate(seconds).median)
+        for workers in counts:
+            plan = plan_with_workers(settings.data, workers, feed.device.type, info)
+            samples[workers].append(loader_rate(dataset, plan, feed, seconds, info, settings.train.seed + rounds))
+        rounds += 1
+        candidates = {workers: Rate.of(rates) for workers, rates in samples.items()}
+        chosen, reason, separated = choose(candidates, Rate.of(compute))
+        spent, last_round = time.perf_counter() - started, time.perf_counter() - round_started
+        if (separated and rounds >= MIN_WINDOWS) or spent + last_round > budget:
+            break
+    return _tuned(candidates, Rate.of(compute), (chosen, reason, separated), rounds, share)
+
+
+def _tuned(
+    candidates: dict[int, Rate], compute: Rate, choice: tuple[int, str, bool], rounds: int, cpus: int
+) -> dict[str, Any]:
+    """Log each candidate's rate with its spread and the choice with its margin; the record for metrics.json."""
+    chosen, reason, separated = choice
+    log.info("data.num_workers=tune, %d round(s): the model alone %s", rounds, compute.text(of="rounds"))
+    for workers, rate in candidates.items():
+        ahead = "  (ahead)" if rate.median >= AHEAD * compute.median else ""
+        log.info("  num_workers=%-3d %s%s", workers, rate.text(of="rounds"), ahead)
+    how_sure = "separated" if separated else f"not separated within data.tune_budget_s ({rounds} rounds)"
+    log.info("data.num_workers=tune -> %d: %s; %s", chosen, reason, how_sure)
+    table = [{"num_workers": workers, **rate.fields("images_per_sec")} for workers, rate in candidates.items()]
+    record = {"table": table, **compute.fields("compute_images_per_sec"), "chosen": chosen, "reason": reason}
+    return record | {"separated": separated, "rounds": rounds, "cpus": cpus}
 
 
 def contention_plausible(

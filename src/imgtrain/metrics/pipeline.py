@@ -11,10 +11,12 @@ from typing import Any
 
 from imgtrain import dist
 from imgtrain.data.stages import STAGES, BatchTimes, CopyTimer
+from imgtrain.metrics.spread import Rate
 
 # Accumulated per window and over the steady state: seconds, except the counts.
 FIELDS = ("wait", "transfer", "read", "decode", "augment", "collate", "busy", "gpu_decode", "samples", "batches")
 FIELDS += ("timed_batches", "h2d", "copies", "seconds")
+COMPUTE_FIELDS = ("compute_images_per_sec", "compute_images_per_sec_interval")  # the model alone: median, interval
 
 
 class PipelineMeter:
@@ -53,13 +55,13 @@ class PipelineMeter:
                 self.steady[key] += value
         return window_values(window, self.workers, measured_copy=copies is not None)
 
-    def summary(self, compute_images_per_sec: float | None = None) -> dict[str, Any]:
-        """The steady state's breakdown for metrics.json, summed over ranks (one exchange; every rank calls it)."""
+    def summary(self, compute: Rate | None = None) -> dict[str, Any]:
+        """The steady state's breakdown for metrics.json, summed over ranks (one exchange; every rank calls it),
+        with the model's own rate (this process's) and its interval when `compute` measured it."""
         rows = dist.all_gather_host([self.steady[key] for key in FIELDS])
         totals = {key: sum(row[i] for row in rows) for i, key in enumerate(FIELDS)}
-        return breakdown(totals, self.workers, self.copy_timer is not None and self.copy_timer.enabled) | {
-            "compute_images_per_sec": compute_images_per_sec
-        }
+        own = compute.fields("compute_images_per_sec") if compute else dict.fromkeys(COMPUTE_FIELDS)
+        return breakdown(totals, self.workers, self.copy_timer is not None and self.copy_timer.enabled) | own
 
 
 def _per(value: float, count: float, scale: float = 1000.0) -> float | None:

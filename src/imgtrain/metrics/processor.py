@@ -35,6 +35,7 @@ from imgtrain.metrics.report import (
     verdict,
     why_not_measured,
 )
+from imgtrain.metrics.spread import Rate
 from imgtrain.metrics.summary import RunSummary
 from imgtrain.metrics.tensorboard import MetricsLogger, hparam_metrics, hparams
 from imgtrain.metrics.windows import StepMeter
@@ -215,11 +216,12 @@ class Metrics:
         precision: str,
         loader_args: dict,
         wall_time_s: float,
-        compute_images_per_sec: float | None = None,
+        compute: Rate | None = None,
         profile_trace: str | None = None,
     ) -> dict[str, Any]:
         """The run's final figures (`summary.RunSummary`, as a dict), reduced over ranks (every rank must call
-        it); `profile_trace`: rank 0's trace of metrics.profile=true, if written."""
+        it); `compute`: the model's own rate, when measured; `profile_trace`: rank 0's trace of
+        metrics.profile=true, if written."""
         self.faults.merge_unreadable()
         perf, resources = self.meter.summary(), self.monitor.summary()
         measured, util = perf["images_per_sec"] is not None, resources.get("gpu_util_mean")
@@ -244,7 +246,7 @@ class Metrics:
             proc_cpu_pct_mean=resources.get("proc_cpu_pct_mean"),
             rss_peak_gb=resources.get("rss_peak_gb"),
             pss_peak_gb=resources.get("pss_peak_gb"),
-            pipeline=self.pipeline.summary(compute_images_per_sec),
+            pipeline=self.pipeline.summary(compute),
             tune=loader_args.get("tune"),
             val_acc=val.get("val_acc"),
             val_loss=val.get("val_loss"),

@@ -12,7 +12,7 @@ from tqdm import tqdm
 from imgtrain.config import AUTO
 from imgtrain.data.loader import auto_num_workers
 from imgtrain.data.stages import WORKER_STAGES
-from imgtrain.metrics.spread import MIN_WINDOWS, windows_needed
+from imgtrain.metrics.spread import MIN_WINDOWS, Rate, indistinguishable, windows_needed
 
 # Above this share of step time spent waiting for data, the run is called input-bound.
 INPUT_BOUND_WAIT = 0.10
@@ -95,20 +95,41 @@ def _stage_words(stage: str, pipeline: dict[str, Any]) -> str:
 
 
 def contention(summary: dict[str, Any]) -> str | None:
-    """Training far below the model's own rate while the workers keep the CPUs busy: name the stage that takes them."""
+    """Training far below the model's own rate, told apart from it by their intervals, while the workers keep
+    the CPUs busy: name the stage that takes them."""
     pipeline = summary.get("pipeline") or {}
-    compute, rate = pipeline.get("compute_images_per_sec"), summary.get("images_per_sec_per_process")
-    if not compute or not rate or rate >= CONTENDED_RATE * compute or (pipeline.get("worker_busy_cores") or 0) < 0.25:
+    training, own = training_rate(summary), model_rate(summary)
+    if not training or not own or training.median >= CONTENDED_RATE * own.median or indistinguishable(training, own):
+        return None
+    if (pipeline.get("worker_busy_cores") or 0) < 0.25:
         return None
     per_image = pipeline["stage_ms_per_image"]
     stage = max((s for s in WORKER_STAGES if per_image.get(s)), key=lambda s: per_image[s], default="decode")
     fewer = f"data.num_workers={max(0, pipeline['workers'] - 1)}, " if pipeline["workers"] > 1 else ""
     return (
-        f"CPU-contended: training ran at {rate:.1f} images/s, {rate / compute:.0%} of the model's own rate "
-        f"({compute:.1f} images/s with the workers idle), while loading kept {pipeline['worker_busy_cores']:.1f} of "
-        f"{summary['cpu_count']} CPUs busy, most of it in {stage} ({per_image[stage]:.2f} ms per image); "
-        f"try {fewer}or take {stage} off these CPUs: {stage_advice(stage, summary)}"
+        f"CPU-contended: training ran at {training.median:.1f} images/s, {training.median / own.median:.0%} of the "
+        f"model's own rate ({own.median:.1f} images/s with the workers idle), while loading kept "
+        f"{pipeline['worker_busy_cores']:.1f} of {summary['cpu_count']} CPUs busy, most of it in {stage} "
+        f"({per_image[stage]:.2f} ms per image); try {fewer}or take {stage} off these CPUs: "
+        f"{stage_advice(stage, summary)}"
     )
+
+
+def training_rate(summary: dict[str, Any]) -> Rate | None:
+    """This process's training images/s: its median window with their interval (the overall figure without
+    windows, from older metrics.json); None when not measured."""
+    windows = summary.get("images_per_sec_windows") or []
+    if windows:
+        return Rate.of(windows)
+    rate = summary.get("images_per_sec_per_process")
+    return Rate(rate, None, 0) if rate else None
+
+
+def model_rate(summary: dict[str, Any]) -> Rate | None:
+    """The model's own images/s (tune probe or metrics.compute_probe) with its interval; None when not timed."""
+    pipeline = summary.get("pipeline") or {}
+    compute, interval = pipeline.get("compute_images_per_sec"), pipeline.get("compute_images_per_sec_interval")
+    return Rate(compute, tuple(interval) if interval else None, 0) if compute else None
 
 
 def verdict(summary: dict[str, Any]) -> str:
@@ -162,14 +183,16 @@ def _bound(summary: dict[str, Any], wait: float) -> str:
 
 
 def _own_rate(summary: dict[str, Any]) -> str:
-    """`(training ran at 73% of the model's own 140.8 images/s)`, when the model's own rate was measured."""
-    compute = (summary.get("pipeline") or {}).get("compute_images_per_sec")
-    rate = summary.get("images_per_sec_per_process")
-    if not compute or not rate:
+    """`(training ran at 73% of the model's own 140.8 images/s ...)`, when the model's own rate was measured and
+    is told apart from training's; else that the two are indistinguishable. Never a ratio above 100%."""
+    training, own = training_rate(summary), model_rate(summary)
+    if not training or not own:
         return ""
-    if rate > compute:  # the probe is a few seconds of steps: within its noise, training kept up with it
-        return f" (the model alone, timed for a few seconds, ran {compute:.1f} images/s: training kept up with it)"
-    return f" (training ran at {rate / compute:.0%} of the model's own {compute:.1f} images/s)"
+    figures = f"{training.median:.1f} against {own.median:.1f} images/s"
+    if training.median >= own.median or indistinguishable(training, own):
+        return f" (training and the model alone are indistinguishable: {figures}, within their noise)"
+    spread = f", 95% interval {own.interval[0]:.1f}-{own.interval[1]:.1f}" if own.interval else ""
+    return f" (training ran at {training.median / own.median:.0%} of the model's own {own.median:.1f} images/s{spread})"
 
 
 def why_not_measured(steps_run: int, warmup_steps: int) -> str:

@@ -16,7 +16,10 @@ Two runs differ only when their intervals do not overlap. Otherwise they are tie
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 CONFIDENCE = 0.95
 MIN_WINDOWS = 6  # the fewest windows whose extremes bound the median with >= 95%: 1 - 2 x 0.5**6 = 96.9%
@@ -50,3 +53,34 @@ def windows_needed(skip_first_steps: int, log_every_n_steps: int) -> int:
 def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
     """Whether two intervals share any value: the runs are not told apart by these measurements."""
     return a[0] <= b[1] and b[0] <= a[1]
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A rate measured as repeated samples (steps, windows, probe rounds): their median and its 95% interval
+    (None with fewer than `MIN_WINDOWS` samples)."""
+
+    median: float
+    interval: tuple[float, float] | None
+    samples: int
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Rate:
+        return cls(statistics.median(samples) if samples else 0.0, median_interval(samples), len(samples))
+
+    def text(self, unit: str = "images/s", of: str = "samples") -> str:
+        """`140.8 images/s (95% interval 130.1-150.2, 31 steps)`."""
+        if self.interval is None:
+            return f"{self.median:.1f} {unit} (median of {self.samples} {of}: too few for an interval)"
+        low, high = self.interval
+        return f"{self.median:.1f} {unit} (95% interval {low:.1f}-{high:.1f}, {self.samples} {of})"
+
+    def fields(self, name: str) -> dict[str, Any]:
+        """`{name: median, name_interval: [low, high] or None}` for metrics.json and loader_args.json."""
+        return {name: self.median, f"{name}_interval": list(self.interval) if self.interval else None}
+
+
+def indistinguishable(a: Rate, b: Rate) -> bool:
+    """Whether two rates are told apart by neither: their intervals overlap. False when either has no interval
+    (unknown): the caller says so."""
+    return a.interval is not None and b.interval is not None and overlaps(a.interval, b.interval)
