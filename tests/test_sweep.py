@@ -21,6 +21,7 @@ from PIL import Image
 from imgtrain.errors import RunEnded
 from imgtrain.metrics import report, spread
 from imgtrain.run import run
+from imgtrain.sweep_plot import plot
 from imgtrain.sweep_rank import MIN_GAIN, cheapest, decision, drift
 from imgtrain.sweep_report import SweepReport, rank, read_job, reproduce_command
 
@@ -562,3 +563,6 @@ def test_one_ranked_job_is_not_called_fastest(tmp_path: Path) -> None:
     line = decision([short, long], ["data.num_workers"], best)
     assert line.startswith("Nothing to compare: data.num_workers=1 is the only setting ranked")
     assert "1 other(s) not ranked: too few windows" in line
+    fig = plot(None, [short, long], ["data.num_workers"], best)
+    rate_ax = next(ax for ax in fig.axes if ax.get_title() == "Throughput")
+    assert [text.get_text().split("\n")[0] for text in rate_ax.texts] == ["job 1: the only one ranked"]

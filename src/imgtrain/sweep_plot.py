@@ -182,6 +182,18 @@ def _draw_series(ax_rate: Any, ax_wait: Any, rows: list[dict[str, Any]], swept: 
             ax.set_xticks(sorted(set(xs.values())))
 
 
+def _axis_order(rows: list[dict[str, Any]], swept: list[str]) -> list[Any]:
+    """The distinct x values as the axis shows them, left to right."""
+    values = list(dict.fromkeys(x_values(rows, swept[0] if swept else "job").values()))  # in drawing order
+    return sorted(values) if all(isinstance(v, float) for v in values) else values
+
+
+def _starred_at_right_end(rows: list[dict[str, Any]], swept: list[str], best: dict[str, Any] | None) -> bool:
+    """Whether the starred job's label hangs at the right end of the axis (`_draw_fastest`)."""
+    xs, order = x_values(rows, swept[0] if swept else "job"), _axis_order(rows, swept)
+    return best is not None and best["job"] in xs and len(order) > 1 and xs[best["job"]] == order[-1]
+
+
 def _draw_fastest(ax: Any, rows: list[dict[str, Any]], swept: list[str], best: dict[str, Any]) -> None:
     x = x_values(rows, swept[0] if swept else "job")[best["job"]]
     y = rate(best)
@@ -196,10 +208,10 @@ def _draw_fastest(ax: Any, rows: list[dict[str, Any]], swept: list[str], best: d
         zorder=5,
         gid="fastest",
     )
-    title = "fastest" if best.get("standing") == "fastest" else "recommended\n(cheapest of a tie)"
+    titles = {"fastest": "fastest", "the only one ranked": "the only one ranked"}
+    title = titles.get(best.get("standing", ""), "recommended\n(cheapest of a tie)")
     text = f"job {best['job']}: {title}\n{y:.1f} images/s (median window)"
-    values = list(dict.fromkeys(x_values(rows, swept[0] if swept else "job").values()))  # in drawing order
-    xs = sorted(values) if all(isinstance(v, float) for v in values) else values
+    xs = _axis_order(rows, swept)
     # at either end of the axis the label hangs inward, not over the axis label
     align = "left" if x == xs[0] and len(xs) > 1 else "right" if x == xs[-1] and len(xs) > 1 else "center"
     ax.annotate(
@@ -210,17 +222,22 @@ def _draw_fastest(ax: Any, rows: list[dict[str, Any]], swept: list[str], best: d
         ha=align,
         fontsize=8,
         fontweight="bold",
+        bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none", "alpha": 0.85},
+        zorder=6,  # over the ceiling lines and their figures (the legend still names each ceiling)
     )
 
 
 CEILING_COLORS = ("tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
 
 
-def _draw_ceilings(ax: Any, rows: list[dict[str, Any]]) -> None:
+def _draw_ceilings(ax: Any, rows: list[dict[str, Any]], left_first: bool) -> None:
+    """Each ceiling as a line (and its interval as a band), its figure written at the right end of the axis, or
+    the left when `left_first` (the starred job's label hangs at the right)."""
     lines = sorted(ceiling_lines(rows), key=lambda line: line.figure)
     ys = [rate(row) or 0.0 for row in _plotted(rows)] + [line.figure for line in lines]
     close = 0.06 * (max(ys) - min(ys)) if ys else 0.0  # labels nearer than this (images/s) would overlap
-    last = {0.99: -float("inf"), 0.01: -float("inf")}  # the last figure written at the right end, at the left
+    ends = (0.01, 0.99) if left_first else (0.99, 0.01)
+    last = dict.fromkeys(ends, -float("inf"))  # the last figure written at each end, in the order tried
     for (kind, figure, label, band), color in zip(lines, CEILING_COLORS, strict=False):
         top = band[1] if band else figure
         above = [row["job"] for row in _plotted(rows) if row["mode"] == "train" and (rate(row) or 0) > figure]
@@ -269,20 +286,20 @@ def plot(path: Path | None, rows: list[dict[str, Any]], swept: list[str], best: 
     else:
         fig, (ax_rate, ax_wait) = plt.subplots(1, 2, figsize=(12, 4.4))
     _draw_series(ax_rate, ax_wait, rows, swept)
-    _draw_ceilings(ax_rate, rows)
+    _draw_ceilings(ax_rate, rows, left_first=_starred_at_right_end(rows, swept, best))
     if best is not None and rate(best):
         _draw_fastest(ax_rate, rows, swept, best)
     x_key = swept[0] if swept else "job"
     ax_rate.set(xlabel=x_key, ylabel="images/s (median window, 95% interval)", title="Throughput")
     ax_wait.set(xlabel=x_key, ylabel="% of step time waiting for data", title="Data wait")
-    ax_rate.margins(y=0.15)  # room above the top point for the fastest job's label
     for ax in (ax_rate, ax_wait):
         ax.set_ylim(bottom=0)  # from zero: a 14% difference must not look like a cliff
+    ax_rate.set_ylim(top=1.2 * ax_rate.get_ylim()[1])  # room above the top point or ceiling for the star's label
     several = len(series(rows, swept)) > 1
     for ax in (ax_rate, ax_wait):
         ax.grid(alpha=0.3)
         if several or (ax is ax_rate and (ceiling_lines(rows) or ax.get_legend_handles_labels()[0])):
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=7, loc="lower right" if ax is ax_rate else "best")  # throughput: empty below
     if path is not None:
         fig.tight_layout()
         fig.savefig(path, dpi=110)
