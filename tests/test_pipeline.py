@@ -247,3 +247,14 @@ def test_a_tuned_run_records_its_probe_and_trains_with_the_choice(tmp_path: Path
     saved = (tmp_path / "loader_args.json").read_text()
     assert '"tune"' in saved and f'"num_workers": {tuned["chosen"]}' in saved
     assert metrics["pipeline"]["compute_images_per_sec"] == tuned["compute_images_per_sec"]
+    assert tuned["rounds"] >= 1 and isinstance(tuned["separated"], bool)
+    assert all("images_per_sec_interval" in row for row in tuned["table"])
+    assert metrics["pipeline"]["compute_images_per_sec_interval"] == tuned["compute_images_per_sec_interval"]
+
+
+@pytest.mark.slow  # a run, then the model alone for 3 s
+def test_the_model_alone_is_timed_with_its_interval_after_training(tmp_path: Path, data_dir: Path) -> None:
+    run(compose_cfg(*FAST, "metrics.compute_probe=true", output_dir=str(tmp_path)))
+    pipeline = read_metrics(tmp_path)["pipeline"]
+    low, high = pipeline["compute_images_per_sec_interval"]  # at least 6 steps, each a sample
+    assert 0 < low <= pipeline["compute_images_per_sec"] <= high

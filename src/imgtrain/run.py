@@ -204,8 +204,7 @@ def _own_rate(
     (with the workers idle) when metrics.compute_probe says so."""
     tuned = data.loader_args.get("tune")
     if tuned:
-        interval = tuned["compute_images_per_sec_interval"]
-        return Rate(tuned["compute_images_per_sec"], tuple(interval) if interval else None, tuned["rounds"])
+        return Rate.read(tuned, "compute_images_per_sec", samples=tuned["rounds"])
     wait_frac, busy_cores = metrics.local_input_load()
     workers = data.loader_args["train"]["num_workers"]
     probe = settings.metrics.compute_probe

@@ -127,9 +127,7 @@ def training_rate(summary: dict[str, Any]) -> Rate | None:
 
 def model_rate(summary: dict[str, Any]) -> Rate | None:
     """The model's own images/s (tune probe or metrics.compute_probe) with its interval; None when not timed."""
-    pipeline = summary.get("pipeline") or {}
-    compute, interval = pipeline.get("compute_images_per_sec"), pipeline.get("compute_images_per_sec_interval")
-    return Rate(compute, tuple(interval) if interval else None, 0) if compute else None
+    return Rate.read(summary.get("pipeline") or {}, "compute_images_per_sec")
 
 
 def verdict(summary: dict[str, Any]) -> str:

@@ -75,6 +75,12 @@ class Rate:
         low, high = self.interval
         return f"{self.median:.1f} {unit} (95% interval {low:.1f}-{high:.1f}, {self.samples} {of})"
 
+    @classmethod
+    def read(cls, record: dict[str, Any], name: str, samples: int = 0) -> Rate | None:
+        """The rate `fields` wrote into `record` under `name`; None when it holds none."""
+        median, interval = record.get(name), record.get(f"{name}_interval")
+        return cls(median, (interval[0], interval[1]) if interval else None, samples) if median else None
+
     def fields(self, name: str) -> dict[str, Any]:
         """`{name: median, name_interval: [low, high] or None}` for metrics.json and loader_args.json."""
         return {name: self.median, f"{name}_interval": list(self.interval) if self.interval else None}
