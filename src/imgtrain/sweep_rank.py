@@ -1,12 +1,13 @@
 """How a sweep's jobs are ranked: by the median of their steady-state window throughputs, with its 95% interval
-(metrics/spread.py). A setting is named fastest only when its interval clears every other's *and* it is faster by
-more than the sweep's resolution; the others are tied with it, and the cheapest of a tie is recommended.
+(metrics/spread.py). A setting is named fastest only when its interval clears every other's *and* it is faster
+by more than the sweep's resolution; the settings it cannot be told from are tied, and the cheapest of a tie is
+recommended.
 
-Why a resolution as well as intervals. A job's interval holds the noise of its own windows, not the noise between
-jobs: on a shared machine the same setting runs 10-18% faster or slower a few minutes later (BENCHMARKS.md,
-"sweep stability"), so two jobs whose intervals do not overlap may still differ only by when they ran. With
-repeats (repeat=0,1), the sweep measures that noise itself: the largest difference between two runs of one
-setting. Without them it assumes `MIN_GAIN`, as asv assumes its `--factor` of 1.1 and criterion its noise
+Why a resolution as well as intervals. A job's interval holds the noise of its own windows, not the noise
+between jobs: on a shared 2-core machine two runs of one setting minutes apart differed by 4-19% (BENCHMARKS.md,
+"sweep stability, second run"), so two jobs whose intervals do not overlap may still differ only by when they
+ran. With repeats (repeat=0,1), the sweep measures that noise itself: the largest difference between two runs of
+one setting. Without them it assumes `MIN_GAIN`, as asv assumes its `--factor` of 1.1 and criterion its noise
 threshold: a smaller speed-up is not called one."""
 
 from __future__ import annotations
