@@ -263,3 +263,21 @@ def test_a_forkserver_and_its_workers_outlive_sigterm_to_the_process_group() -> 
     finally:
         proc.kill()
     assert proc.returncode == 0 and output == "epoch 2: 4 batches\n", output[-2000:]
+
+
+def test_a_stop_signal_pending_while_a_worker_starts_does_not_end_it() -> None:
+    """A forkserver's worker starts with the stop signals blocked; a Ctrl-C that arrived meanwhile is pending.
+    worker_signals must install its handlers before it unblocks them: the worker lives on (with its grace alarm)
+    instead of quitting with KeyboardInterrupt, which the main process would report as a dead worker."""
+    code = (
+        "import os, signal\n"
+        "from imgtrain.data.loader import SHIELDED_SIGNALS, worker_signals\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, SHIELDED_SIGNALS)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "worker_signals()\n"
+        "for _ in range(1000): pass  # the pending signal's Python handler runs here\n"
+        "print('alive, alarm', signal.alarm(0))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "KeyboardInterrupt" not in result.stderr, result.stderr
+    assert result.stdout.startswith("alive, alarm ") and int(result.stdout.split()[-1]) > 0

@@ -70,11 +70,14 @@ def start_forkserver() -> None:
 
 def worker_signals() -> None:
     """In a DataLoader worker: survive the job-wide stop signal long enough for the main process to save."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, SHIELDED_SIGNALS)  # a forkserver's child inherits its mask
     for signum in (signal.SIGUSR1, SUBMITIT_SIGNAL):
         signal.signal(signum, signal.SIG_IGN)  # their default action would kill the worker mid-epoch
     for signum in (signal.SIGTERM, signal.SIGINT):  # Ctrl-C too: no KeyboardInterrupt traceback from a worker
         signal.signal(signum, _worker_sigterm)
+    # Only now: a forkserver's child inherits its mask, and a Ctrl-C that reached the worker while it started is
+    # pending. Unblocked before the handlers were in place, it raised KeyboardInterrupt and the worker quit
+    # ("exited unexpectedly" in place of the stop; seen once in tests/test_ddp.py's Ctrl-C test on 2 cores).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SHIELDED_SIGNALS)
 
 
 def _worker_sigterm(signum: int, frame: Any) -> None:
