@@ -70,7 +70,9 @@ def rank(rows: list[dict[str, Any]], min_gain: float = MIN_GAIN) -> dict[str, An
         return measured[0]
     leader = max(measured, key=lambda row: row["rate_median"])
     gain, why = resolution(repeats, min_gain)
-    tied = [row for row in measured if _tied(row, leader, gain)]
+    for row in measured:  # how much faster the leader is than each (the decision line quotes the smallest)
+        row["gap"] = leader["rate_median"] / row["rate_median"] - 1 if row["rate_median"] else math.inf
+    tied = [row for row in measured if overlaps(_interval(row), _interval(leader)) or row["gap"] <= gain]
     best = leader if len(tied) == 1 else cheapest(tied)
     best["resolution"] = why
     for row in measured:
@@ -88,11 +90,7 @@ def rank(rows: list[dict[str, Any]], min_gain: float = MIN_GAIN) -> dict[str, An
 def resolution(repeats: dict[tuple, list[dict[str, Any]]], min_gain: float) -> tuple[float, str]:
     """The smallest relative difference this sweep can tell from noise, and a line that says where it comes from:
     with repeats, the largest difference between the job medians of one setting; else `min_gain`."""
-    changes = []
-    for group in repeats.values():
-        medians = [statistics.median(row["windows_all_ranks"]) for row in group if row.get("windows_all_ranks")]
-        if len(medians) > 1:
-            changes.append(max(medians) / min(medians) - 1)
+    changes = [max(medians) / min(medians) - 1 for medians in _repeat_medians(repeats)]
     if changes:
         return max(changes), f"{max(changes):.1%}, the most two runs of one setting differed by in this sweep"
     return min_gain, (
@@ -101,10 +99,13 @@ def resolution(repeats: dict[tuple, list[dict[str, Any]]], min_gain: float) -> t
     )
 
 
-def _tied(row: dict[str, Any], leader: dict[str, Any], gain: float) -> bool:
-    """Whether `row` cannot be told from the leader: intervals overlap, or medians closer than `gain`."""
-    row["gap"] = leader["rate_median"] / row["rate_median"] - 1 if row["rate_median"] else math.inf
-    return overlaps(_interval(row), _interval(leader)) or row["gap"] <= gain
+def _repeat_medians(groups: dict[tuple, list[dict[str, Any]]]) -> list[list[float]]:
+    """For each setting run more than once: its runs' median window rates, in job (time) order."""
+    runs = (
+        [statistics.median(row["windows_all_ranks"]) for row in group if row.get("windows_all_ranks")]
+        for group in groups.values()
+    )
+    return [medians for medians in runs if len(medians) > 1]
 
 
 def _why(row: dict[str, Any], leader: dict[str, Any], tie: bool) -> str:
@@ -148,11 +149,7 @@ def drift(rows: list[dict[str, Any]]) -> str:
     """How much the machine's speed moved during the sweep, from the settings run more than once, against the
     smallest gap between settings; or how to measure it."""
     groups = pool_repeats([row for row in rows if row["status"] == "ok" and row.get("windows_all_ranks")])
-    changes = []
-    for group in groups.values():
-        medians = [statistics.median(row["windows_all_ranks"]) for row in group]
-        if len(medians) > 1:  # the first and the last run of this setting, in job (time) order
-            changes.append(medians[-1] / medians[0] - 1)
+    changes = [medians[-1] / medians[0] - 1 for medians in _repeat_medians(groups)]  # last run against first
     if not changes:
         return (
             "Drift not measured: run every setting twice, interleaved, by putting repeat=0,1 first "
