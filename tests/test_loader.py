@@ -270,10 +270,11 @@ def test_a_stop_signal_pending_while_a_worker_starts_does_not_end_it() -> None:
     worker_signals must install its handlers before it unblocks them: the worker lives on (with its grace alarm)
     instead of quitting with KeyboardInterrupt, which the main process would report as a dead worker."""
     code = (
-        "import os, signal\n"
+        "import signal, threading\n"
         "from imgtrain.data.loader import SHIELDED_SIGNALS, worker_signals\n"
         "signal.pthread_sigmask(signal.SIG_BLOCK, SHIELDED_SIGNALS)\n"
-        "os.kill(os.getpid(), signal.SIGINT)\n"
+        # to this thread: sent to the process, torch's own threads (not blocking it) could take it at once
+        "signal.pthread_kill(threading.get_ident(), signal.SIGINT)\n"
         "worker_signals()\n"
         "for _ in range(1000): pass  # the pending signal's Python handler runs here\n"
         "print('alive, alarm', signal.alarm(0))\n"
