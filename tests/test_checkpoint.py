@@ -261,3 +261,18 @@ def test_the_clock_is_agreed_at_a_window_and_the_epoch_end_follows_it(tmp_path: 
     checkpointer.end_epoch(improved=False, last=False)
     checkpointer.end_epoch(improved=True, last=False)  # best.pt, whatever the clock
     assert saves == [(False, False), (True, False)]
+
+
+def test_steps_between_saves_touch_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Checkpointer.step` runs after every training step: no stat of last.pt there (microseconds on a local disk,
+    up to a millisecond on NFS or Lustre, next to a 12 ms step). The sentence naming the last checkpoint is built
+    only when a message uses it."""
+    checkpointer = _checkpointer(tmp_path)
+    stats: list[str] = []
+    real_stat = os.stat
+    monkeypatch.setattr(os, "stat", lambda path, *a, **k: stats.append(str(path)) or real_stat(path, *a, **k))
+    monkeypatch.setattr(Checkpointer, "last_checkpoint", lambda self: stats.append("last_checkpoint") or "")
+    for _ in range(15):  # no interval, no clock due: nothing to save
+        checkpointer.progress.advance(2)
+        checkpointer.step()
+    assert stats == []

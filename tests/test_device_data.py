@@ -121,3 +121,89 @@ def test_the_decode_thread_keeps_order_ends_cleanly_and_hands_errors_over(tmp_pa
         next(stage)
         with pytest.raises(RuntimeError, match="is killed by signal"):
             next(stage)
+
+
+# ----------------------------------------------------------------------------- dataset.decode=cuda's streams, faked
+def _jpeg_batches(tmp_path: Path, count: int, size: int = 8) -> list[Batch]:
+    from imgtrain.data.datasets import build_shapes
+    from imgtrain.data.stages import BatchTimes
+
+    bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, False, str(tmp_path), count, 10, 0)
+    paths = [bundle.train.path(i) for i in range(count)]
+    data = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p in paths]
+    times = BatchTimes(read=0.001, busy=0.001, finished=1.0, samples=size)  # stage timings on (the default)
+    return [
+        Batch(data[i : i + size], torch.arange(i, i + size), (), tuple(paths[i : i + size]), times)
+        for i in range(0, count, size)
+    ]
+
+
+def _decoding_on_the_cpu(stage, transform, drop: bool) -> None:
+    """The stage keeps its CUDA stream logic (faked); the decoder's own device work runs on the CPU."""
+    from imgtrain.data.gpu_decode import JpegBatchDecoder
+
+    decoder = JpegBatchDecoder(transform, drop=drop)
+    stage.decoder = lambda batch, device: decoder(batch, torch.device("cpu"))
+
+
+def test_a_validation_batch_of_only_unreadable_images_passes_the_decode_stream(tmp_path, monkeypatch) -> None:
+    """With drop (validation) a batch of unreadable files decodes to no images: handed over, not crashed on."""
+    import fakecuda
+
+    from imgtrain.data.datasets import eval_transform
+    from imgtrain.data.gpu_decode import GpuJpegBatches
+
+    fake = fakecuda.install(monkeypatch)
+    good, bad = _jpeg_batches(tmp_path, 16)
+    bad = bad._replace(images=[data[: data.numel() // 3].clone() for data in bad.images])  # all cut short
+    stage = GpuJpegBatches(iter([good, bad]), eval_transform(24), torch.device("cuda", 0), drop=True)
+    _decoding_on_the_cpu(stage, eval_transform(24), drop=True)
+    with stage:
+        first, second = list(stage)
+    assert first.images.shape == (8, 3, 24, 24) and second.images is None
+    assert second.labels.shape == (0,) and [path for path, _ in second.skipped] == list(bad.sources)
+    assert fake.main.calls.count("wait_event") == 2  # the model's stream waits for each batch's decode
+    assert [tensor.shape[0] for tensor, _ in fake.recorded] == [8, 8, 0]  # images and labels; no images: skipped
+
+
+def test_the_decode_thread_never_waits_for_its_own_stream_and_times_it_with_events(tmp_path, monkeypatch) -> None:
+    """Stage timings on: each batch's decode-stream work is bracketed by events, read at the window; the thread
+    does not synchronize, so it fetches the next batch while the GPU still transforms this one."""
+    import fakecuda
+
+    from imgtrain.data.datasets import train_transform
+    from imgtrain.data.gpu_decode import GpuJpegBatches
+    from imgtrain.data.stages import StreamTimer
+    from imgtrain.metrics.pipeline import PipelineMeter
+
+    fake = fakecuda.install(monkeypatch)
+    batches = _jpeg_batches(tmp_path, 32)
+    timer = StreamTimer(torch.device("cuda", 0), enabled=True)
+    stage = GpuJpegBatches(iter(batches), train_transform(24), torch.device("cuda", 0), timer=timer)
+    _decoding_on_the_cpu(stage, train_transform(24), drop=False)
+    meter = PipelineMeter(workers=2, decode_timer=timer)
+    with stage:
+        for batch in stage:
+            meter.add(0.0, 0.0, batch.times)
+    (decode_stream,) = fake.streams
+    assert "synchronize" not in decode_stream.calls
+    assert decode_stream.calls.count("record") == 3 * len(batches)  # a span's two events and the hand-over's
+    values = meter.close_window(1.0, steady=True)
+    assert values["pipeline/gpu_decode_ms_per_batch"] > 0
+    per_image = meter.steady["gpu_decode"] / (meter.steady["decodes"] * 8)
+    assert meter.steady["decodes"] == len(batches) and per_image > 0
+
+
+def test_the_compute_ceiling_with_gpu_decode_trains_on_its_device_batch(tmp_path) -> None:
+    """mode=compute's batch is already decoded on the device: dataset.decode=cuda leaves it alone."""
+    from helpers import compose_cfg
+
+    from imgtrain.config import validate
+    from imgtrain.data.pipeline import decodes_on_gpu
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    args = ["dataset=imagefolder", f"dataset.root={folder}", "dataset.decode=cuda"]
+    cuda = torch.device("cuda", 0)  # only the device's type is read
+    assert decodes_on_gpu(validate(compose_cfg(*args)), cuda)
+    assert not decodes_on_gpu(validate(compose_cfg(*args, "mode=compute")), cuda)

@@ -346,7 +346,7 @@ def test_nvml_follows_cuda_visible_devices(visible: str) -> None:
     value = f"GPU-{uuid}" if visible == "uuid" else visible
     code = (
         "import torch, pynvml\n"
-        "from imgtrain.monitor import ResourceMonitor, normalize_uuid\n"
+        "from imgtrain.metrics.monitor import ResourceMonitor, normalize_uuid\n"
         "m = ResourceMonitor(torch.device('cuda', 0))\n"
         "nvml = normalize_uuid(pynvml.nvmlDeviceGetUUID(m._handle))\n"
         "print(m.gpu_available, nvml, normalize_uuid(torch.cuda.get_device_properties(0).uuid))\n"

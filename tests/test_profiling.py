@@ -95,10 +95,20 @@ def test_a_trace_that_cannot_be_written_costs_the_trace_only(tmp_path: Path, cap
     assert profiler.trace is None
 
 
-@pytest.mark.slow  # trains: debug=fast, 8 steps (8 s on the 2-core VM, generating the shapes included)
+def test_the_profiled_steps_are_left_out_of_the_steady_state_on_every_rank(tmp_path: Path) -> None:
+    """They run slower (every op recorded, then the trace written); rank 1 has no trace but waits for rank 0."""
+    for rank in (0, 1):
+        assert _profiler(tmp_path, steps_left=10, rank=rank, skip_first_steps=3).profiled_steps == 1 + 2
+    assert _profiler(tmp_path, steps_left=5, skip_first_steps=3).profiled_steps == 0  # too short: no trace
+    assert _profiler(tmp_path, steps_left=10, profile=False).profiled_steps == 0
+
+
+@pytest.mark.slow  # trains: debug=fast, 16 steps (8 s on the 2-core VM, generating the shapes included)
 def test_a_profiled_run_labels_the_loop(tmp_path: Path, data_dir: Path) -> None:
-    run(compose_cfg(*FAST, "system.device=cpu", "metrics.profile=true", output_dir=str(tmp_path)))
+    run(compose_cfg(*FAST, "system.device=cpu", "metrics.profile=true", "train.epochs=2", output_dir=str(tmp_path)))
     metrics = json.loads((tmp_path / "metrics.json").read_text())
+    # 16 steps, windows of 2: steps 1-2 warm up and 3-8 are profiled; images/s counts the 4 windows after them
+    assert len(metrics["images_per_sec_windows"]) == 4
     trace = tmp_path / "profile" / "trace_rank0.json.gz"
     assert metrics["profile_trace"] == str(trace)
     names = _names_in(trace)

@@ -56,6 +56,16 @@ class Profiler:
                 *(self.needed, self.wait, PROFILER_WARMUP, self.active, steps_left),
             )
             self.enabled = False
+        # The traced steps run slower (every op recorded, then the trace written): every rank leaves them out of
+        # its throughput, since under DDP rank 0's profiling holds the others back too. Decided from the settings
+        # alone, so the ranks agree.
+        will_trace = measure.profile and steps_left >= self.needed
+        self.profiled_steps = PROFILER_WARMUP + self.active if will_trace else 0
+        if will_trace:
+            log.info(
+                "metrics.profile=true: steps %d-%d are profiled and left out of images/s and data wait",
+                *(self.wait + 1, self.needed),
+            )
         self.cuda = device.type == "cuda"
         self.folder = out_dir / "profile"
         self.path = self.folder / f"trace_rank{info.rank}.json.gz"

@@ -152,10 +152,10 @@ def _train_locked(
     if progress.step >= total_steps and finished.exists():
         log.info("this run already finished at step %d: %s is kept as it is", progress.step, finished)
         return json.loads(finished.read_text())
-    pipeline = PipelineMeter(data.loader_args["train"]["num_workers"], data.feed.copy_timer)
+    pipeline = PipelineMeter(data.loader_args["train"]["num_workers"], data.feed.copy_timer, data.feed.decode_timer)
     agreeing = {"also_agreeing": [checkpointer], "pipeline": pipeline, "environment": environment}
-    metrics = Metrics(settings, device, info, out_dir, faults, **agreeing)
     profiler = Profiler(settings.metrics, device, info, out_dir, steps_left=total_steps - progress.step)
+    metrics = Metrics(settings, device, info, out_dir, faults, **agreeing, profiled_steps=profiler.profiled_steps)
     parts = Components(faults, metrics, checkpointer, progress, profiler)
     lr = lambda: step.scheduler.get_last_lr()[0]  # noqa: E731
     running = metrics.running(progress.step, total_steps, lr=lr)

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 from imgtrain.data.gpu_decode import GpuJpegBatches
 from imgtrain.data.loader import Batch
 from imgtrain.data.samplers import EpochSampler
-from imgtrain.data.stages import CopyTimer
+from imgtrain.data.stages import StreamTimer
 from imgtrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,8 @@ class Feed:
     non_blocking: bool  # pinned host memory: the copy need not wait for the GPU
     prefetch: bool = False  # CUDA: copy the next batch on a side stream (data.prefetch_to_device)
     decode_transforms: dict[str, Any] | None = None  # dataset.decode=cuda: each split's transform, run on the GPU
-    copy_timer: CopyTimer | None = None  # times the host-to-device copies (CUDA events)
+    copy_timer: StreamTimer | None = None  # times the host-to-device copies (CUDA events)
+    decode_timer: StreamTimer | None = None  # dataset.decode=cuda: times the decode stream's work per batch
 
     @classmethod
     def build(
@@ -75,7 +76,8 @@ class Feed:
             non_blocking=pinned,
             prefetch=prefetch and device.type == "cuda",
             decode_transforms=transforms,
-            copy_timer=CopyTimer(device, timed),
+            copy_timer=StreamTimer(device, timed),
+            decode_timer=StreamTimer(device, timed and gpu_decode),
         )
 
     @contextlib.contextmanager
@@ -84,7 +86,8 @@ class Feed:
         pinned memory, the CUDA prefetch stream. Whatever `next()` waits for counts as data wait."""
         if self.decode_transforms is not None:
             transform = self.decode_transforms[split]
-            with GpuJpegBatches(loader_batches, transform, self.device, drop=split == "val") as decoded:
+            drop = split == "val"  # validation leaves unreadable images out; training replaces them
+            with GpuJpegBatches(loader_batches, transform, self.device, drop=drop, timer=self.decode_timer) as decoded:
                 yield decoded
         elif self.prefetch and split == "train":
             yield CudaPrefetcher(loader_batches, self.device, self.copy_timer)
@@ -108,11 +111,11 @@ class CudaPrefetcher:
     event, not on the host. Iterates Batch objects; `inner` is the DataLoader iterator (for error handling).
     """
 
-    def __init__(self, batches: Iterator[Batch], device: torch.device, timer: CopyTimer | None = None) -> None:
+    def __init__(self, batches: Iterator[Batch], device: torch.device, timer: StreamTimer | None = None) -> None:
         self.inner = batches
         self.device = device
         self.stream = torch.cuda.Stream(device)
-        self.timer = timer or CopyTimer(device, enabled=False)
+        self.timer = timer or StreamTimer(device, enabled=False)
         self.pending: Batch | None = None
         self.started = False  # the first batch is fetched on the first next(), where errors are explained
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ from torchvision.transforms import RandomResizedCrop as RandomResizedCropParams
 from torchvision.transforms import v2
 
 from imgtrain.data.loader import Batch
+from imgtrain.data.stages import StreamTimer
 from imgtrain.errors import RunError
 
 
@@ -30,16 +30,25 @@ class GpuJpegBatches:
     torchvision's GPU decode blocks the calling thread until the batch is decoded; in a thread of its own it
     overlaps the training step, so the loop's data wait (time blocked in `next()`) is real starvation. Use it
     as a context manager: leaving stops the thread before the loader is used again. `inner` is the loader's
-    iterator (for explaining its failures).
+    iterator (for explaining its failures). `timer` times each batch's work on the decode stream with CUDA
+    events, read at the logging window: the thread never waits for its own stream, so it fetches the next
+    batch while the GPU still resizes this one.
     """
 
     _END = object()
 
     def __init__(
-        self, batches: Iterator[Batch], transform: Any, device: torch.device, depth: int = 2, drop: bool = False
+        self,
+        batches: Iterator[Batch],
+        transform: Any,
+        device: torch.device,
+        depth: int = 2,
+        drop: bool = False,
+        timer: StreamTimer | None = None,
     ) -> None:
         self.inner = batches
         self.device = device
+        self.timer = timer or StreamTimer(device, enabled=False)
         self.decoder = JpegBatchDecoder(transform, drop=drop)
         self.ready: queue.Queue = queue.Queue(maxsize=depth)
         self.stopping = threading.Event()
@@ -53,22 +62,13 @@ class GpuJpegBatches:
                 for batch in self.inner:
                     if self.stopping.is_set():
                         return
-                    decoded = self._decode(batch, stream)
+                    with self.timer.span(stream):
+                        decoded = self.decoder(batch, self.device)
                     done = stream.record_event() if stream is not None else None
                     self._hand_over((decoded, done))
             self._hand_over(self._END)
         except BaseException as error:  # noqa: BLE001 - raised again in the training thread
             self._hand_over(error)
-
-    def _decode(self, batch: Batch, stream: torch.cuda.Stream | None) -> Batch:
-        """Decode and transform one batch; with stage timings, its GPU seconds go into its times."""
-        started = time.perf_counter()
-        decoded = self.decoder(batch, self.device)
-        if not batch.times:
-            return decoded
-        if stream is not None:  # wait for this stream's own work only: the next decode's fence waits for it anyway
-            stream.synchronize()
-        return decoded._replace(times=batch.times._replace(gpu_decode=time.perf_counter() - started))
 
     def _hand_over(self, item: Any) -> None:
         while not self.stopping.is_set():
@@ -102,7 +102,8 @@ class GpuJpegBatches:
         if done is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_event(done)  # the GPU, not this thread, waits for the decode stream
-            batch.images.record_stream(current)  # not reused by the decode stream while the model reads it
+            if batch.images is not None:  # None: a validation batch whose images were all unreadable
+                batch.images.record_stream(current)  # not reused by the decode stream while the model reads it
             batch.labels.record_stream(current)
         return batch
 
@@ -175,8 +176,8 @@ class JpegBatchDecoder:
                 if isinstance(image, str):
                     stand_in = next((j for j in good if j > i), good[0])
                     decoded[i], labels[i] = decoded[stand_in], labels[stand_in]
-        if not decoded:
-            return Batch(None, labels, tuple(skipped))
+        if not decoded:  # validation, every image unreadable: no images, and no labels (on the device as usual)
+            return Batch(None, labels.to(device, non_blocking=True), tuple(skipped))
         images = self._transform(decoded)
         if self.flip_p:
             flip = torch.rand(images.shape[0], device=images.device) < self.flip_p

@@ -151,7 +151,9 @@ def plan_loaders(
     return train_plan, val_plan
 
 
-def _check_gpu_decode(settings: Config, device: torch.device) -> bool:
+def decodes_on_gpu(settings: Config, device: torch.device) -> bool:
+    """Whether the feed decodes JPEG batches on the GPU (dataset.decode=cuda); refuses what cannot run. The
+    compute ceiling (mode=compute) trains on one random batch already on the device: nothing to decode."""
     gpu_decode = getattr(settings.dataset, "decode", Decode.cpu) == Decode.cuda
     if gpu_decode and device.type != "cuda":
         raise ConfigError(
@@ -159,7 +161,7 @@ def _check_gpu_decode(settings: Config, device: torch.device) -> bool:
         )
     if gpu_decode and settings.data.device_resident:
         raise ConfigError("dataset.decode=cuda and data.device_resident=true do not combine: choose one")
-    return gpu_decode
+    return gpu_decode and settings.mode != Mode.compute
 
 
 def _streamed(settings: Config, plan: LoaderPlan, info: dist.DistInfo) -> LoaderPlan:
@@ -204,7 +206,7 @@ def build_data(
         "dataset %s: %d train / %d val images, %d classes, %d px",
         *(bundle.name, len(bundle.train), len(bundle.val), bundle.num_classes, bundle.image_size),
     )
-    gpu_decode = _check_gpu_decode(settings, device)
+    gpu_decode = decodes_on_gpu(settings, device)
     train_plan, val_plan = plan_loaders(settings, device, info, streamed=isinstance(bundle.train, ShardSplit))
     loader_args = {"train": train_plan.describe(), "val": val_plan.describe()}
     shard = {"rank": info.rank, "world_size": info.world_size}

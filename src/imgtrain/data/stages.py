@@ -4,7 +4,8 @@ In a worker (or the training process with num_workers=0), a Dataset records each
 augment seconds (`record`); `GuardedSamples` takes them (`take`) with the sample's total, and `collate` sums a
 batch's samples into one `BatchTimes`, stamped with the moment the batch was finished. The training process
 then splits its data wait in two: waiting for a worker still computing, and `transfer`, the time from a
-finished batch to the loop holding it (queue, unpickling, pinning). `CopyTimer` times the host-to-device copy.
+finished batch to the loop holding it (queue, unpickling, pinning). `StreamTimer`s time the host-to-device copy
+and, with dataset.decode=cuda, the GPU decode, with CUDA events read at the logging window (never a sync of their own).
 
 Cost: 6.9 us per image on the 2-core development machine (BENCHMARKS.md, `bench.py --only breakdown`), about
 1% of loading a 32-px JPEG; `data.stage_timings=false` turns the batch and copy clocks off.
@@ -49,7 +50,6 @@ class BatchTimes(NamedTuple):
     collate: float = 0.0
     busy: float = 0.0  # every second the worker spent on this batch: its samples' __getitem__ and collate
     finished: float = 0.0  # time.perf_counter() when collate ended (CLOCK_MONOTONIC: the same in every process)
-    gpu_decode: float = 0.0  # dataset.decode=cuda: the batch's decode and transforms on the GPU
     samples: int = 0  # samples loaded for it (unreadable ones replaced included)
 
 
@@ -79,15 +79,17 @@ def transfer_seconds(times: BatchTimes | tuple, wait_started: float, received: f
     return max(0.0, received - max(times.finished, wait_started))
 
 
-class CopyTimer:
-    """The host-to-device copy's duration: CUDA events on the copying stream, read after the next sync.
+class StreamTimer:
+    """GPU work's duration: CUDA events around what is queued on a stream, read after the next sync (the logging
+    window's). Spans may be recorded in another thread (the GPU decode thread) and collected in the loop's.
 
-    On a CPU device there is no copy: the timer is off, and the figure is n/a, not 0.
+    On a CPU device there is nothing to time: the timer is off, and the figure is n/a, not 0.
     """
 
     def __init__(self, device: torch.device, enabled: bool) -> None:
         self.enabled = enabled and device.type == "cuda"
         self.pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._lock = threading.Lock()  # the decode thread appends while the loop collects
 
     @contextmanager
     def span(self, stream: torch.cuda.Stream | None = None) -> Iterator[None]:
@@ -99,13 +101,16 @@ class CopyTimer:
         start.record(stream)
         yield
         end.record(stream)
-        self.pending.append((start, end))
+        with self._lock:
+            self.pending.append((start, end))
 
     def collect(self) -> tuple[float, int] | None:
-        """(seconds, copies) of the spans whose events completed (all of them right after a sync); None on CPU."""
+        """(seconds, spans) of the spans whose events completed (all of them right after a sync); None on CPU."""
         if not self.enabled:
             return None
-        finished = [end.query() for _, end in self.pending]
-        done = [pair for pair, ok in zip(self.pending, finished, strict=True) if ok]
-        self.pending = [pair for pair, ok in zip(self.pending, finished, strict=True) if not ok]
+        with self._lock:
+            pending = self.pending
+            finished = [end.query() for _, end in pending]
+            self.pending = [pair for pair, ok in zip(pending, finished, strict=True) if not ok]
+        done = [pair for pair, ok in zip(pending, finished, strict=True) if ok]
         return sum(start.elapsed_time(end) for start, end in done) / 1000.0, len(done)

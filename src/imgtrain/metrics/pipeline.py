@@ -2,7 +2,7 @@
 
 Fed one batch at a time by the loop's batch iterator (`add`): its data wait, the transfer part of that wait and
 the `BatchTimes` the workers stamped on it. Windows close where `StepMeter`'s do (right after a sync), so the
-copy timer's CUDA events are complete there.
+CUDA events of the copy and GPU-decode timers are complete there.
 """
 
 from __future__ import annotations
@@ -10,20 +10,22 @@ from __future__ import annotations
 from typing import Any
 
 from imgtrain import dist
-from imgtrain.data.stages import STAGES, BatchTimes, CopyTimer
+from imgtrain.data.stages import STAGES, BatchTimes, StreamTimer
 from imgtrain.metrics.spread import Rate
 
 # Accumulated per window and over the steady state: seconds, except the counts.
-FIELDS = ("wait", "transfer", "read", "decode", "augment", "collate", "busy", "gpu_decode", "samples", "batches")
-FIELDS += ("timed_batches", "h2d", "copies", "seconds")
+FIELDS = ("wait", "transfer", "read", "decode", "augment", "collate", "busy", "samples", "batches")
+FIELDS += ("timed_batches", "h2d", "copies", "gpu_decode", "decodes", "seconds")
 COMPUTE_FIELDS = ("compute_images_per_sec", "compute_images_per_sec_interval")  # the model alone: median, interval
 
 
 class PipelineMeter:
     """Stage seconds per window (TensorBoard `pipeline/...`) and over the steady state (metrics.json)."""
 
-    def __init__(self, workers: int, copy_timer: CopyTimer | None = None) -> None:
-        self.workers, self.copy_timer = workers, copy_timer
+    def __init__(
+        self, workers: int, copy_timer: StreamTimer | None = None, decode_timer: StreamTimer | None = None
+    ) -> None:
+        self.workers, self.copy_timer, self.decode_timer = workers, copy_timer, decode_timer
         self.window = dict.fromkeys(FIELDS, 0.0)
         self.steady = dict.fromkeys(FIELDS, 0.0)
 
@@ -35,13 +37,14 @@ class PipelineMeter:
         window["batches"] += 1
         if times:
             window["timed_batches"] += 1
-            for key in ("read", "decode", "augment", "collate", "busy", "gpu_decode", "samples"):
+            for key in ("read", "decode", "augment", "collate", "busy", "samples"):
                 window[key] += getattr(times, key)
 
     def discard_copies(self) -> None:
-        """Forget copy timings not from training (validation's batches), at the start of an epoch."""
-        if self.copy_timer is not None:
-            self.copy_timer.collect()
+        """Forget copy and decode timings not from training (validation's batches), at the start of an epoch."""
+        for timer in (self.copy_timer, self.decode_timer):
+            if timer is not None:
+                timer.collect()
 
     def close_window(self, seconds: float, steady: bool) -> dict[str, float]:
         """The window's `pipeline/...` TensorBoard values; a steady window also counts toward the summary."""
@@ -50,6 +53,9 @@ class PipelineMeter:
         copies = self.copy_timer.collect() if self.copy_timer is not None else None
         if copies is not None:
             window["h2d"], window["copies"] = copies
+        decodes = self.decode_timer.collect() if self.decode_timer is not None else None
+        if decodes is not None:
+            window["gpu_decode"], window["decodes"] = decodes
         if steady:
             for key, value in window.items():
                 self.steady[key] += value
@@ -76,13 +82,13 @@ def window_values(window: dict[str, float], workers: int, measured_copy: bool) -
             values[f"pipeline/{stage}_ms_per_image"] = _per(window[stage], window["samples"])
         values["pipeline/collate_ms_per_batch"] = _per(window["collate"], window["timed_batches"])
         values["pipeline/transfer_ms_per_batch"] = _per(window["transfer"], window["batches"])
-        if window["gpu_decode"]:
-            values["pipeline/gpu_decode_ms_per_batch"] = _per(window["gpu_decode"], window["timed_batches"])
         values["pipeline/worker_busy_frac"] = _per(window["busy"], window["seconds"] * max(1, workers), 1.0)
         if window["wait"]:
             values["pipeline/transfer_frac_of_wait"] = min(1.0, window["transfer"] / window["wait"])
     if measured_copy and window["copies"]:
         values["pipeline/h2d_ms_per_batch"] = _per(window["h2d"], window["copies"])
+    if window["decodes"]:  # dataset.decode=cuda: the decode stream's time per batch (CUDA events)
+        values["pipeline/gpu_decode_ms_per_batch"] = _per(window["gpu_decode"], window["decodes"])
     return {key: value for key, value in values.items() if value is not None}
 
 
@@ -95,8 +101,8 @@ def breakdown(totals: dict[str, float], workers: int, measured_copy: bool) -> di
         for stage in ("read", "decode", "augment", "collate"):
             per_image[stage] = _per(totals[stage], totals["samples"])
         per_image["transfer"] = _per(totals["transfer"], totals["batches"] * images_per_batch)
-        if totals["gpu_decode"]:
-            per_image["gpu_decode"] = _per(totals["gpu_decode"], totals["samples"])
+        if totals["decodes"]:
+            per_image["gpu_decode"] = _per(totals["gpu_decode"], totals["decodes"] * images_per_batch)
         if measured_copy and totals["copies"]:
             per_image["h2d"] = _per(totals["h2d"], totals["copies"] * images_per_batch)
     return {

@@ -65,13 +65,17 @@ class Metrics:
         also_agreeing: Sequence[Agreeing] = (),
         pipeline: PipelineMeter | None = None,
         environment: dict[str, Any] | None = None,
+        profiled_steps: int = 0,
     ):
         self.settings, self.device, self.info, self.faults = settings, device, info, faults
         self.parties: list[Agreeing] = [faults, *also_agreeing]  # what the window's exchange carries
         self.environment = environment  # the pre-flight fingerprint (preflight.py)
+        # `profiled_steps` (metrics.profile=true) follow the warm-up steps and stay out of the steady state too
+        self.profiled_steps = profiled_steps
         self.log_every, self.warmup_steps = settings.metrics.log_every_n_steps, settings.metrics.skip_first_steps
+        self.warmup_steps += profiled_steps
         self.losses = settings.mode != Mode.loader  # mode=loader's stand-in model has no loss worth showing
-        self.meter = StepMeter(settings.metrics.skip_first_steps)
+        self.meter = StepMeter(self.warmup_steps)
         self.pipeline = pipeline or PipelineMeter(workers=0)
         self.monitor = ResourceMonitor(device, settings.metrics.monitor_interval_s)
         self.tb_dir = str(out_dir / "tb")
@@ -271,7 +275,7 @@ class Metrics:
             "images_per_sec": total,
             "images_per_sec_note": None
             if total is not None
-            else why_not_measured(step - self.start_step, self.warmup_steps),
+            else why_not_measured(step - self.start_step, self.warmup_steps, self.profiled_steps),
             "images_per_sec_per_process": perf["images_per_sec"],
             "images_per_sec_median": perf.get("images_per_sec_median"),
             "images_per_sec_windows": perf["windows"],

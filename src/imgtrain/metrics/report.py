@@ -193,13 +193,15 @@ def _own_rate(summary: dict[str, Any]) -> str:
     return f" (training ran at {training.median / own.median:.0%} of the model's own {own.median:.1f} images/s{spread})"
 
 
-def why_not_measured(steps_run: int, warmup_steps: int) -> str:
-    """Why a run has no throughput figure, and how to get one."""
+def why_not_measured(steps_run: int, warmup_steps: int, profiled_steps: int = 0) -> str:
+    """Why a run has no throughput figure, and how to get one. `warmup_steps` counts the `profiled_steps`."""
     if steps_run <= warmup_steps:
+        skipped = f"metrics.skip_first_steps={warmup_steps - profiled_steps}"
+        if profiled_steps:
+            skipped += f", then {profiled_steps} profiled steps (metrics.profile=true)"
         return (
-            f"not measured: all {steps_run} steps of this run were warm-up steps (metrics.skip_first_steps="
-            f"{warmup_steps}), which throughput leaves out; run more steps (train.max_steps) or lower "
-            "metrics.skip_first_steps"
+            f"not measured: all {steps_run} steps of this run were warm-up steps ({skipped}), which throughput "
+            "leaves out; run more steps (train.max_steps) or lower metrics.skip_first_steps"
         )
     return f"not measured: no steady-state window closed in this run's {steps_run} steps"
 
