@@ -9,8 +9,9 @@ Sections, in one invocation on this machine (`--only` picks some, e.g. `--only g
                 settings, against no checkpoints, interleaved (CPU: ResNet-18 at 32 px, about 16 minutes on 2
                 cores; CUDA: ResNet-50 at 224 px);
   gpu-ceilings  ResNet-18 CIFAR-style at 32 px: compute ceiling, device-resident and DataLoader paths (with the
-                loader's own ceiling per worker count); ResNet-50 at 224 px on synthetic data. About 4 minutes on
-                one H100;
+                loader's own ceiling per worker count), and the ceiling and device-resident path compiled with
+                CUDA graphs (system.compile_mode=reduce_overhead); ResNet-50 at 224 px on synthetic data. About
+                4 minutes on one H100, plus two compilations;
   gpu-jpeg      ResNet-50 at 224 px from a JPEG folder: CPU decode and dataset.decode=cuda, and timm's train.py
                 on the same folder when --timm-train is given. About 5 minutes on one H100;
   storage       the same JPEGs as a folder and as shards (dataset=shards), read by one loader worker from the page
@@ -307,6 +308,29 @@ def gpu_ceilings(bench: Bench, steps: int, warmup: int) -> list[dict]:
             "dataset=synthetic",
             "data.device_resident=true",
             *R18,
+            *_gpu_steps(steps, warmup, r18_images),
+        ),
+    ]
+    graphs = ["system.compile=true", "system.compile_mode=reduce_overhead"]  # torch.compile with CUDA graphs
+    rows += [
+        _gpu_row(
+            bench,
+            "r18_ceiling_graphs",
+            "ResNet-18 32 px bf16, CUDA graphs: compute ceiling (target >= 50,000 img/s, GPU util >= 95%)",
+            "mode=compute",
+            "dataset=synthetic",
+            *R18,
+            *graphs,
+            *_gpu_steps(steps, warmup),
+        ),
+        _gpu_row(
+            bench,
+            "r18_resident_graphs",
+            "ResNet-18 32 px, compiled with CUDA graphs: device-resident train (target >= 90% of r18_ceiling_graphs)",
+            "dataset=synthetic",
+            "data.device_resident=true",
+            *R18,
+            *graphs,
             *_gpu_steps(steps, warmup, r18_images),
         ),
     ]

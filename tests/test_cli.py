@@ -86,11 +86,19 @@ def test_bad_input_is_one_clear_line(override: str, expected: str, tmp_path: Pat
 
 @pytest.mark.parametrize(
     ("override", "expected"),
-    [
+    [  # each a train.py process (3.4 s on 2 cores): two in `make test`, the rest in `make test-slow`
         ("data.num_workers=-1", "error: data.num_workers=-1 is invalid: expected an integer >= 0, auto or tune"),
         ("system.device=cuda {fake_gpu}", "2 processes on this node but only 1 GPU(s) are visible"),
-        ("trainer.epochs=3", "error: trainer.epochs is now train.epochs (trainer.* was split by concern"),
-        ("-m hydra.callbacks.sweep_report.min_gain=2", "sweep_report.min_gain=2: expected a fraction in [0, 1)"),
+        pytest.param(
+            "trainer.epochs=3",
+            "error: trainer.epochs is now train.epochs (trainer.* was split by concern",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            "-m hydra.callbacks.sweep_report.min_gain=2",
+            "sweep_report.min_gain=2: expected a fraction in [0, 1)",
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["validation", "device", "composition", "sweep-callback"],
 )
@@ -109,6 +117,7 @@ def test_train_py_exits_2_with_one_line_on_stderr(override: str, expected: str, 
         assert not (run_dir / leftover).exists(), leftover
 
 
+@pytest.mark.slow  # a train.py process
 def test_full_error_env_keeps_the_traceback(tmp_path: Path, data_dir: Path) -> None:
     result = run_train(["data.num_workers=-1"], tmp_path / "run", data_dir, timeout=120, HYDRA_FULL_ERROR="1")
     assert result.returncode != 0 and "Traceback" in result.stderr

@@ -9,9 +9,9 @@ from helpers import CONF_DIR, compose_cfg
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from imgtrain import config
 from imgtrain.cli import one_line
 from imgtrain.config import (
-    MOVED_KEYS,
     AdamWConfig,
     CheckpointConfig,
     Config,
@@ -25,6 +25,7 @@ from imgtrain.config import (
     validate,
 )
 from imgtrain.config_datasets import CifarConfig, ImageFolderConfig, ShapesConfig, ShardsConfig, SyntheticConfig
+from imgtrain.config_moved import MOVED_KEYS
 from imgtrain.errors import ConfigError
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
@@ -103,6 +104,7 @@ def test_defaults() -> None:
         ("data.multiprocessing_context=spawn", "multiprocessing_context", "spawn"),
         ("data.timeout=30", "timeout", 30.0),
         ("data.seed_workers=false", "seed_workers", False),
+        ("data.in_order=false", "in_order", False),
     ],
 )
 def test_every_data_key_is_overridable(override: str, key: str, expected: object) -> None:
@@ -136,12 +138,27 @@ def test_bad_values_fail_with_one_line_naming_the_key(override: str, message: st
     assert "\n" not in text
 
 
+def test_in_order_false_needs_a_dataloader_that_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch < 2.6: DataLoader has no in_order argument, so data.in_order=false is refused before the run starts."""
+
+    class OldDataLoader:  # torch 2.5's signature, in the part that matters here
+        def __init__(self, dataset: object, batch_size: int = 1, num_workers: int = 0) -> None: ...
+
+    monkeypatch.setattr(config, "DataLoader", OldDataLoader)
+    assert validate(compose_cfg()).data.in_order is True  # the default asks nothing of torch
+    with pytest.raises(ConfigError) as info:
+        validate(compose_cfg("data.in_order=false"))
+    assert str(info.value) == "data.in_order=false is invalid: needs torch >= 2.6"
+
+
 def test_split_fraction_outside_unit_interval(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="dataset.val_fraction=1.5"):
         validate(compose_cfg("dataset=imagefolder", f"dataset.root={tmp_path}", "dataset.val_fraction=1.5"))
 
 
-@pytest.mark.parametrize("override", ["data.batch_size=abc", "data.no_such_key=1", "dataset=bogus"])
+@pytest.mark.parametrize(
+    "override", ["data.batch_size=abc", "data.no_such_key=1", "dataset=bogus", "data.in_order=maybe"]
+)
 def test_type_and_key_errors_fail_at_composition(override: str) -> None:
     with pytest.raises(ConfigCompositionException):
         compose_cfg(override)

@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +21,15 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.datasets import CIFAR10
 from torchvision.datasets import cifar as cifar_module
+from torchvision.transforms import v2
 
 import imgtrain
 from imgtrain.data import shapes
 from imgtrain.data.cifar import build_cifar
 from imgtrain.data.datasets import (
+    CorruptSampleError,
     DatasetBundle,
+    ImageFileDataset,
     build_imagefolder,
     build_shapes,
     build_synthetic,
@@ -34,8 +38,6 @@ from imgtrain.data.folders import split_indices
 from imgtrain.data.jpeg import jpeg_problem
 from imgtrain.errors import ConfigError
 
-# torchvision 0.29 warns on every torchvision.io decode; pytest overrides the filter set in datasets.py.
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
 MEAN, STD = [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]
 SRC_DIR = str(Path(imgtrain.__file__).resolve().parents[1])
 
@@ -311,3 +313,49 @@ def test_jpeg_problem_reads_truncation_and_cmyk_from_the_markers() -> None:
     with_thumbnail = _jpeg(picture, exif=exif.tobytes() + thumbnail)
     assert jpeg_problem(with_thumbnail) is None
     assert jpeg_problem(with_thumbnail[: len(with_thumbnail) - 300]) == "truncated JPEG (no end-of-image marker)"
+
+
+# ----------------------------------------------------------------------------- decoding on the CPU
+def _picture(mode: str) -> Image.Image:
+    """Gradients plus noise (what JPEG rounding shows), in PIL mode `mode`."""
+    y, x = np.mgrid[0:45, 0:64]
+    noise = np.random.default_rng(0).integers(0, 40, size=(45, 64, 3))
+    pixels = np.stack([x * 3, y * 5, (x + y) * 2], axis=-1) + noise
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).convert(mode)
+
+
+def _one_file(path: Path) -> ImageFileDataset:
+    return ImageFileDataset([str(path)], [0], ["a"], v2.Identity())
+
+
+@pytest.mark.parametrize(
+    ("ext", "mode"),
+    [("jpg", "RGB"), ("jpg", "L"), ("jpg", "CMYK"), ("png", "RGB"), ("png", "RGBA"), ("png", "L"), ("png", "P")]
+    + [("webp", "RGB"), ("bmp", "RGB"), ("tif", "RGB"), ("ppm", "RGB")],
+)
+def test_the_cpu_path_decodes_every_format_to_rgb_as_pillow_does_without_a_warning(tmp_path, ext, mode):
+    """TorchCodec (JPEG, PNG, WebP) or PIL (the rest) through ImageFileDataset, with warnings as errors: torchvision's
+    deprecated decoders warn on every call. Two libjpeg builds may differ by a level or two on the same JPEG; the
+    other formats are lossless here, so they must match exactly."""
+    path = tmp_path / f"image.{ext}"
+    _picture(mode).save(path, **({"quality": 90} if ext == "jpg" else {"lossless": True} if ext == "webp" else {}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        image, _ = _one_file(path)[0]
+    with Image.open(path) as img:
+        expected = torch.from_numpy(np.asarray(img.convert("RGB")).copy()).permute(2, 0, 1)
+    assert image.dtype == torch.uint8 and image.shape == expected.shape == (3, 45, 64)
+    mean_abs_diff = (image.int() - expected.int()).abs().float().mean().item()
+    assert mean_abs_diff <= (2.0 if ext == "jpg" else 0.0)
+
+
+@pytest.mark.parametrize("ext", ["jpg", "png", "webp"])
+def test_a_truncated_image_is_a_corrupt_sample_with_a_one_line_reason(tmp_path, ext):
+    whole = tmp_path / f"whole.{ext}"
+    _picture("RGB").save(whole)
+    cut = tmp_path / f"cut.{ext}"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(CorruptSampleError) as caught:
+        _one_file(cut)[0]
+    assert caught.value.path == str(cut) and caught.value.reason
+    assert ".cpp" not in caught.value.reason and "\n" not in caught.value.reason  # no C++ source location

@@ -317,6 +317,35 @@ def test_bf16_channels_last_compiled_trains(tmp_path: Path) -> None:
     assert _steps(tmp_path, "pipeline/h2d_ms_per_batch")
 
 
+def test_cuda_graphs_train_tune_and_validate(tmp_path: Path) -> None:
+    """system.compile_mode=reduce_overhead: the step marks let each replay reuse the last one's outputs, the tune
+    probe times a copy compiled the same way, validation runs uncompiled, and nonfinite=skip's forwards (a read of
+    the loss each step) do not break the graphs."""
+    overrides = [
+        "dataset=synthetic",
+        "dataset.image_size=32",
+        "dataset.num_train=2048",
+        "dataset.num_val=200",  # a last validation batch of another size: uncompiled, so no new graph
+        "model=resnet18_cifar",
+        "data.batch_size=128",
+        "data.num_workers=tune",
+        "data.tune_budget_s=6",
+        "system.precision=bf16",
+        "system.compile=true",
+        "system.compile_mode=reduce_overhead",
+        "faults.nonfinite=skip",
+        "train.epochs=2",
+        "metrics.skip_first_steps=4",
+        "metrics.log_every_n_steps=4",
+        "checkpoint.save=false",
+    ]
+    run(compose_cfg(*overrides, output_dir=str(tmp_path)))
+    metrics = read_metrics(tmp_path)
+    assert metrics["steps"] == 32 and math.isfinite(metrics["val_loss"]) and metrics["val_count"] == 200
+    assert all(math.isfinite(v) for _, v in _steps(tmp_path, "train/loss"))
+    assert metrics["pipeline"]["compute_images_per_sec"] > 0  # the probe's compiled copy, timed with events
+
+
 # ----------------------------------------------------------------------------- NVML
 def test_nvml_metrics_are_logged_during_a_busy_run(tmp_path: Path) -> None:
     overrides = [

@@ -10,11 +10,14 @@ import sys
 import numpy as np
 import pytest
 import torch
+from helpers import compose_cfg
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from imgtrain.config import DataConfig
+from imgtrain.config import DataConfig, validate
 from imgtrain.data.loader import auto_num_workers, build_loader, init_worker, plan_loader
+from imgtrain.data.pipeline import RunData, make_loader, plan_loaders
 from imgtrain.data.samplers import EpochSampler, ShardSampler, sample_seed, sample_seeds
+from imgtrain.dist import DistInfo
 
 
 def _dataset(n: int = 64) -> TensorDataset:
@@ -152,6 +155,40 @@ def test_worker_seeding_makes_augmentation_reproducible(tmp_path) -> None:
 
     assert torch.equal(first_batches(7), first_batches(7))  # same seed: same crops and flips in the workers
     assert not torch.equal(first_batches(7), first_batches(8))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_in_order_false_reaches_the_dataloader_when_there_are_workers(workers: int) -> None:
+    """data.in_order=false: the DataLoader may hand over a batch a worker finished early. Left out when true (torch's
+    default; torch < 2.6 has no such argument) and with no workers, where one process reads in order anyway."""
+    assert "in_order" not in plan_loader(DataConfig(num_workers=2), train=True, device_type="cpu").kwargs
+    data = DataConfig(num_workers=workers, batch_size=16, in_order=False, persistent_workers=False)
+    plan = plan_loader(data, train=True, device_type="cpu")
+    loader = make_loader(_dataset(), plan, train=True, seed=0)
+    if workers:
+        assert plan.kwargs["in_order"] is False and loader.in_order is False and plan.describe()["in_order"] is False
+    else:
+        assert "in_order" not in plan.kwargs and "data.in_order=false" in plan.notes[-1]
+    assert sorted(label for batch in loader for label in batch.labels.tolist()) == sorted([0, 1, 2, 3] * 16)
+
+
+def test_a_mid_epoch_resume_out_of_order_says_what_it_may_repeat(caplog: pytest.LogCaptureFixture) -> None:
+    data = DataConfig(num_workers=1, batch_size=16, in_order=False, persistent_workers=False)
+    loader = make_loader(_dataset(), plan_loader(data, train=True, device_type="cpu"), train=True, seed=0)
+    run_data = RunData(bundle=None, train=loader, val=None, loader_args={}, feed=None, settings=data)
+    run_data.start_epoch(1, samples_done=0)
+    assert not caplog.records  # a fresh epoch is in order by construction
+    run_data.start_epoch(1, samples_done=32)
+    assert "num_workers x prefetch_factor batches of it are repeated" in caplog.text and len(caplog.records) == 1
+    assert len(loader) == 2  # still resumed by position: the 2 batches after the first 32 samples
+
+
+def test_dataset_shards_keeps_worker_order(caplog: pytest.LogCaptureFixture) -> None:
+    """LitData's resume state counts batches per worker in round-robin order: in_order=false is dropped, said once."""
+    settings = validate(compose_cfg("data.in_order=false", "data.num_workers=2"))
+    train, val = plan_loaders(settings, torch.device("cpu"), DistInfo(), streamed=True)
+    assert "in_order" not in train.kwargs and val.kwargs["in_order"] is False  # validation has no resume state
+    assert "does not apply to dataset=shards" in caplog.text
 
 
 def test_augmentation_does_not_depend_on_the_worker_count(tmp_path) -> None:

@@ -238,8 +238,12 @@ def test_a_slow_dataset_makes_tune_choose_more_workers_than_a_fast_one(monkeypat
 
 
 @pytest.mark.slow
-def test_a_tuned_run_records_its_probe_and_trains_with_the_choice(tmp_path: Path, data_dir: Path) -> None:
-    run(compose_cfg(*FAST, "data.num_workers=tune", "data.tune_budget_s=3", output_dir=str(tmp_path)))
+def test_a_tuned_run_records_its_probe_and_trains_with_the_choice(tmp_path: Path, data_dir: Path, monkeypatch) -> None:
+    modes = []  # the probe times a copy compiled as the run's model is (compiling itself is not the point here)
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None, **kw: modes.append(mode) or model)
+    compiled = ["system.compile=true", "system.compile_mode=max_autotune_no_cudagraphs"]
+    run(compose_cfg(*FAST, *compiled, "data.num_workers=tune", "data.tune_budget_s=3", output_dir=str(tmp_path)))
+    assert modes == ["max-autotune-no-cudagraphs"] * 2  # the run's model, then the probe's copy
     metrics = read_metrics(tmp_path)
     tuned = metrics["tune"]
     assert [row["num_workers"] for row in tuned["table"]][0] == 0 and tuned["compute_images_per_sec"] > 0

@@ -148,6 +148,7 @@ def test_every_failed_probe_is_null(tmp_path: Path) -> None:
     for key in ("cpu_model", "cpu_quota", "shm_total_bytes", "shm_free_bytes", "data_fs_type", "data_mount_point"):
         assert env[key] is None, key
     assert env["decoder"]["torchvision_libjpeg_turbo"] is None and env["decoder"]["pillow"] == PIL.__version__
+    assert env["decoder"]["torchcodec_libjpeg_turbo"] is None
     assert env["torch"] == torch.__version__ and env["gpu_name"] is None and env["driver"] is None
 
 
@@ -160,6 +161,7 @@ def _mapped(name: str) -> bool:
 def test_the_jpeg_libraries_of_this_process() -> None:
     decoder = jpeg_decoders("cuda")
     assert decoder["torchvision_libjpeg_turbo"][0].isdigit()  # e.g. 3.1.3
+    assert decoder["torchcodec_libjpeg_turbo"][0].isdigit()  # the CPU path's decoder (imported by imgtrain.data)
     if _mapped("libnvjpeg"):  # a CUDA build of torchvision: nvJPEG answers without a GPU
         assert decoder["nvjpeg"].split(".")[0].isdigit()
     assert jpeg_decoders("cpu")["nvjpeg"] is None  # only asked when dataset.decode=cuda

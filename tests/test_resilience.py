@@ -185,6 +185,7 @@ def test_nonfinite_loss_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ca
     assert all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point())
 
 
+@pytest.mark.slow  # a train.py process (5 s on 2 cores); nonfinite=skip's in-process test stays in `make test`
 def test_nonfinite_loss_stop_is_one_line_and_exit_status_1(tmp_path: Path, data_dir: Path) -> None:
     """A real process: the exit status, the one stderr line, and failed.json in place of metrics.json."""
     run_dir = tmp_path / "run"
@@ -215,7 +216,7 @@ def _image_folder(root: Path, per_class: int = 12) -> list[Path]:
     return files
 
 
-@pytest.mark.parametrize("budget", [10, 1])
+@pytest.mark.parametrize("budget", [pytest.param(10, marks=pytest.mark.slow), 1])  # 10: a whole run (6 s)
 def test_unreadable_images_are_skipped_counted_and_budgeted(budget: int, tmp_path: Path, caplog) -> None:
     files = _image_folder(tmp_path / "images")
     truncated, garbage = files[5], files[20]

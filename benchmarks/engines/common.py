@@ -4,7 +4,7 @@ import os
 import random
 
 import torch
-from torchvision.io import ImageReadMode, decode_image
+from torchcodec.decoders import decode_image
 from torchvision.transforms import v2
 
 ROOT = os.environ.get("ENGINES_SRC", "")  # an image folder's train/ (class folders of JPEGs)
@@ -27,5 +27,5 @@ def listing() -> list[tuple[int, str, int]]:
 
 def pipeline(data: bytes, label: int) -> tuple[torch.Tensor, int]:
     """The same work after the read for every engine: decode, then a random resized crop and a flip."""
-    raw = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    raw = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode="RGB")
     return TRANSFORM(raw).contiguous(), int(label)

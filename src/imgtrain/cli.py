@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from imgtrain.config import moved_key_line, register_configs
+from imgtrain.config import register_configs
+from imgtrain.config_moved import moved_key_line
 from imgtrain.dist import register_resolvers
 from imgtrain.errors import EXIT_BAD_INPUT, RunEnded, RunError
 

@@ -8,14 +8,15 @@ the config as these dataclasses. The YAML files in conf/ only choose between sch
 
 from __future__ import annotations
 
+import inspect
 import multiprocessing
 import os
-import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+from torch.utils.data import DataLoader
 
 from imgtrain.config_datasets import (
     CifarConfig,
@@ -26,6 +27,7 @@ from imgtrain.config_datasets import (
     SyntheticConfig,
 )
 from imgtrain.config_fields import AUTO, TUNE, Choice, at_least, auto_or_bool, checked, is_int
+from imgtrain.config_moved import moved_key_line
 from imgtrain.errors import ConfigError
 
 
@@ -46,6 +48,21 @@ class Mode(Choice):
     train = "train"
     loader = "loader"  # the input pipeline and the copy, with a model that does nothing: its ceiling
     compute = "compute"  # the model on one batch already on the device: the compute ceiling
+
+
+class CompileMode(Choice):
+    """torch.compile's `mode` (system.compile_mode): the names are typed on the command line, the values are
+    torch's (reduce_overhead is torch's "reduce-overhead")."""
+
+    default = "default"  # Inductor's fused kernels, launched one by one
+    reduce_overhead = "reduce-overhead"  # and CUDA graphs: one launch per graph (launch-bound small models)
+    max_autotune = "max-autotune"  # and Triton autotuning of matmuls and convolutions (long compile), CUDA graphs
+    max_autotune_no_cudagraphs = "max-autotune-no-cudagraphs"
+
+    @property
+    def records_cuda_graphs(self) -> bool:
+        """Whether this mode replays CUDA graphs (on a CUDA device): fixed shapes, a step-begin mark per step."""
+        return self in (CompileMode.reduce_overhead, CompileMode.max_autotune)
 
 
 class NonFinite(Choice):
@@ -82,6 +99,10 @@ def _workers(value: Any) -> str | None:
     return None if ok else "expected an integer >= 0, auto or tune"
 
 
+def _in_order(value: bool) -> str | None:
+    return None if value or "in_order" in inspect.signature(DataLoader).parameters else "needs torch >= 2.6"
+
+
 @dataclass
 class DataConfig:
     """Every DataLoader knob. Each one is overridable as data.<key>=..."""
@@ -95,6 +116,9 @@ class DataConfig:
     pin_memory: bool = True  # page-locked host buffers; only meaningful with CUDA (turned off on CPU)
     prefetch_factor: int | None = checked(2, at_least(1, null=""))  # batches ahead per worker
     persistent_workers: bool = True  # keep workers alive across epochs instead of re-forking them
+    # false: a batch a worker finishes early may come before an earlier, slower one. A mid-epoch resume then
+    # repeats and skips up to num_workers x prefetch_factor batches of that epoch (it resumes by position)
+    in_order: bool = checked(True, _in_order)
     drop_last: bool = True  # training only: avoids a tiny last batch (noisy BatchNorm, uneven DDP ranks)
     shuffle: bool = True  # training only; under DDP the DistributedSampler shuffles instead
     distributed_sampler: Any = checked(AUTO, auto_or_bool)  # auto: on under DDP
@@ -166,6 +190,7 @@ class SystemConfig:
     precision: Precision = Precision.auto
     channels_last: Any = checked(AUTO, auto_or_bool)  # auto: on for CUDA
     compile: bool = False  # torch.compile the model
+    compile_mode: CompileMode = CompileMode.default  # with compile=true: default, reduce_overhead (CUDA graphs), ...
     deterministic: bool = False  # deterministic algorithms, cuDNN autotuning off: bit-exact reruns, also on GPU
 
 
@@ -207,36 +232,6 @@ class FaultsConfig:
 
     nonfinite: NonFinite = NonFinite.stop  # a NaN/inf loss: stop, or skip the step (counted)
     dist_timeout_s: float = checked(600.0, lambda v: None if v > 0 else _SECONDS)  # a collective waits this long
-
-
-# trainer.* held all of the above until it was split by concern; an old key on the command line is named here.
-MOVED_KEYS = {
-    **{f"trainer.{key}": f"train.{key}" for key in ("epochs", "max_steps", "seed", "lr_warmup_epochs")},
-    "trainer.label_smoothing": "train.label_smoothing",
-    **{f"trainer.{key}": f"system.{key}" for key in ("device", "precision", "channels_last", "compile")},
-    "trainer.deterministic": "system.deterministic",
-    "trainer.resume": "checkpoint.resume",
-    "trainer.save_checkpoints": "checkpoint.save",
-    "trainer.ckpt_every_min": "checkpoint.every_min",
-    "trainer.ckpt_every_n_steps": "checkpoint.every_n_steps",
-    "trainer.warmup_steps": "metrics.skip_first_steps",
-    **{f"trainer.{key}": f"metrics.{key}" for key in ("log_every_n_steps", "progress_bar", "monitor_interval_s")},
-    **{f"trainer.{key}": f"metrics.{key}" for key in ("compute_probe", "profile", "profile_steps")},
-    "trainer.nonfinite": "faults.nonfinite",
-    "trainer.dist_timeout_s": "faults.dist_timeout_s",
-}
-
-
-def moved_key_line(message: str) -> str | None:
-    """The line for an error that names a key of the former `trainer` group (its new place), else None."""
-    names = re.findall(r"(?<![\w.])trainer(?:\.(\w+))?", message)
-    if not names:
-        return None
-    old = next((f"trainer.{key}" for key in names if f"trainer.{key}" in MOVED_KEYS), None)
-    split = "trainer.* was split by concern into train, system, checkpoint, metrics and faults"
-    if old is None:
-        return f"{split}: {', '.join(f'{key} is now {new}' for key, new in MOVED_KEYS.items())}"
-    return f"{old} is now {MOVED_KEYS[old]} ({split})"
 
 
 @dataclass
@@ -322,6 +317,13 @@ def _check_across_fields(settings: Config) -> None:
         and not os.path.isdir(os.path.expanduser(ds.root))
     ):
         raise ConfigError(f"dataset.root={ds.root} is not a directory: point it at what imgtrain-shards wrote")
+    system = settings.system
+    if system.compile and system.compile_mode.records_cuda_graphs and not settings.data.drop_last:
+        raise ConfigError(
+            f"system.compile_mode={system.compile_mode.name} records CUDA graphs for one batch shape, and "
+            "data.drop_last=false gives the last batch of each epoch another: use data.drop_last=true, or "
+            "system.compile_mode=default"
+        )
     if not isinstance(settings.optim, SGDConfig | AdamWConfig):
         raise ConfigError("optim must be one of the optim group's options: optim=sgd or optim=adamw")
 

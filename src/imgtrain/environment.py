@@ -164,12 +164,15 @@ def _nvjpeg_version(library: str) -> str:
 
 
 def jpeg_decoders(decode: str, maps: str = "/proc/self/maps") -> dict[str, Any]:
-    """The libjpeg-turbo behind torchvision.io (the one mapped into this process that is not Pillow's), Pillow's,
-    and nvJPEG's version when dataset.decode=cuda."""
+    """The libjpeg-turbo versions behind TorchCodec (the CPU path's decoder), torchvision.io and Pillow, Pillow's
+    version, and nvJPEG's when dataset.decode=cuda (torchvision's: TorchCodec's wheel maps one of its own too)."""
     libraries = guarded(_mapped_libraries, maps) or []
-    torchvision_jpeg = [p for p in libraries if "libjpeg" in p and "pillow" not in p.lower() and "/PIL/" not in p]
-    nvjpeg = [p for p in libraries if "libnvjpeg" in p]
+    others = [p for p in libraries if "torchcodec" not in p]
+    torchcodec_jpeg = [p for p in libraries if "libjpeg" in p and "torchcodec" in p]
+    torchvision_jpeg = [p for p in others if "libjpeg" in p and "pillow" not in p.lower() and "/PIL/" not in p]
+    nvjpeg = [p for p in others if "libnvjpeg" in p]
     return {
+        "torchcodec_libjpeg_turbo": guarded(_turbo_version, torchcodec_jpeg[0]) if torchcodec_jpeg else None,
         "torchvision_libjpeg_turbo": guarded(_turbo_version, torchvision_jpeg[0]) if torchvision_jpeg else None,
         "pillow": PIL.__version__,
         "pillow_libjpeg_turbo": guarded(features.version, "libjpeg_turbo"),

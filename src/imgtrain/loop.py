@@ -163,7 +163,8 @@ def evaluate(
     model: nn.Module, data: RunData, step: Step, faults: Faults, last_checkpoint: Callable[[], str]
 ) -> dict[str, float]:
     """Top-1 accuracy and mean loss over the validation set, each sample counted once across ranks."""
-    model = evaluation_module(model)  # no collective per batch: the ranks may have different numbers of batches
+    # no collective per batch (the ranks may have different numbers of batches); uncompiled with CUDA graphs
+    model = evaluation_module(model, step.cuda_graphs)
     model.eval()
     totals = torch.zeros(3, device=data.feed.device, dtype=torch.float64)  # loss sum, correct, count
     batches = EpochBatches(

@@ -34,6 +34,14 @@ class Step:
     device_type: str
     dtype: torch.dtype
     label_smoothing: float
+    cuda_graphs: bool = False  # the compiled model replays CUDA graphs (system.compile_mode): mark each step
+
+    def begin(self) -> None:
+        """Start a step. With CUDA graphs, tell torch.compile a new iteration begins: a graph replay overwrites the
+        previous replay's outputs, which is safe only once nothing reads them any more. Called before every forward
+        (training, nonfinite=skip's forward with no backward, the tune probe), never inside the step."""
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype != torch.float32)
@@ -43,6 +51,7 @@ class Step:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The forward pass and the loss in the run's precision: (logits, loss). The training loop and the
         tune probe (`tune.compute_rate`) both step through here and `update`, so the probe times the same step."""
+        self.begin()
         with self.autocast(), mark("forward"):
             logits = model(images)
             loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
@@ -109,7 +118,7 @@ def build_step(
     # single-tensor AdamW's two full-size temporaries per tensor page-fault on every step, as much as glibc's heap
     # state decides: train.py went from 575 to 750 img/s and its gap to the bare loop from 5-11% to ~3%
     # (BENCHMARKS.md, 2026-11-24).
-    params = param_groups(base, settings.optim.weight_decay)
+    params, system = param_groups(base, settings.optim.weight_decay), settings.system
     optimizer = instantiate(settings.optim, params=params, _convert_="all", fused=True)
     steps_per_epoch, total_steps = steps
     warmup = round(settings.train.lr_warmup_epochs * steps_per_epoch)
@@ -120,4 +129,5 @@ def build_step(
         device_type=device.type,
         dtype=DTYPES[precision],
         label_smoothing=settings.train.label_smoothing,
+        cuda_graphs=system.compile and system.compile_mode.records_cuda_graphs and device.type == "cuda",
     )

@@ -199,7 +199,7 @@ def _decoder_in_use(settings: Config, data: RunData) -> str:
     if getattr(settings.dataset, "decode", Decode.cpu) == Decode.cuda:
         return "nvJPEG (torchvision.io.decode_jpeg on the GPU)"
     if isinstance(data.bundle.train, ImageFileDataset):
-        return "torchvision.io.decode_image (libjpeg-turbo, libpng); PIL for other formats"
+        return "torchcodec.decoders.decode_image (libjpeg-turbo, libpng, libwebp); PIL for other formats"
     return "none (images held in memory)"
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import json
 import logging
@@ -11,7 +10,6 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +34,7 @@ from imgtrain.metrics.spread import MIN_WINDOWS, Rate
 from imgtrain.model import memory_format_for, prepare_model, resolve_precision
 from imgtrain.optim import build_step
 from imgtrain.preflight import preflight
+from imgtrain.probe import ModelProbe
 from imgtrain.profiling import Profiler
 from imgtrain.sweep_report import STOPPED, build_report
 
@@ -131,12 +130,11 @@ def _train_locked(
     total_steps = min(settings.train.epochs * steps_per_epoch, settings.train.max_steps or math.inf)
     epochs = math.ceil(total_steps / steps_per_epoch)
     model, base = prepare_model(settings, data.bundle.num_classes, device, memory_format, info)
-    # the model's own images/s in `seconds`: a copy of it on a batch already on the device (tune.compute_rate)
-    model_rate = functools.partial(
-        tune.compute_rate, base, data.bundle.num_classes, settings, device, precision, memory_format
-    )
+    # the model's own images/s in `seconds`: a copy of it, compiled as the run's, on a batch already on the device
+    model_rate = ModelProbe(base, data.bundle.num_classes, settings, device, precision, memory_format)
     if settings.data.num_workers == TUNE:
         _tune_workers(settings, data, info, device, model_rate, out_dir)
+        model_rate.release()  # its copy, optimizer state and CUDA graphs: training needs the memory
     environment = preflight(settings, info, device, data)  # warns of limits the loaders will likely hit
     step = build_step(settings, base, device, precision, (steps_per_epoch, total_steps))
     log.info(
@@ -180,7 +178,7 @@ def _tune_workers(
     data: RunData,
     info: dist.DistInfo,
     device: torch.device,
-    model_rate: Callable[..., Rate],
+    model_rate: ModelProbe,
     out_dir: Path,
 ) -> None:
     """data.num_workers=tune: probe, then train with the chosen count; auto's count where there is no loader."""
@@ -188,6 +186,7 @@ def _tune_workers(
         why = f"mode={settings.mode}" if settings.mode != Mode.train else "data.device_resident=true"
         log.info("data.num_workers=tune: nothing to probe with %s; keeping auto's count", why)
         return
+    model_rate.ready()  # compiled and warmed up before the tuning clock starts
     try:
         tuned = tune.tune_workers(data.bundle.train, settings, data.feed, info, model_rate)
     except (RuntimeError, OSError) as error:  # a probe's workers failed: training would say why, with its count
@@ -198,7 +197,7 @@ def _tune_workers(
 
 
 def _own_rate(
-    settings: Config, data: RunData, metrics: Metrics, device: torch.device, model_rate: Callable[..., Rate]
+    settings: Config, data: RunData, metrics: Metrics, device: torch.device, model_rate: ModelProbe
 ) -> Rate | None:
     """The model's own images/s, for telling CPU contention from compute-bound: the tune probe's, or timed now
     (with the workers idle) when metrics.compute_probe says so."""
@@ -211,5 +210,6 @@ def _own_rate(
     if settings.mode != Mode.train or not tune.contention_plausible(probe, wait_frac, busy_cores, workers, device):
         return None
     rate = model_rate(tune.CONTENTION_PROBE_S, MIN_WINDOWS)  # steps enough for an interval
+    model_rate.release()
     log.info("the model alone (a copy, on a batch already on %s): %s", device, rate.text(of="steps"))
     return rate

@@ -1,7 +1,7 @@
 """Measuring instead of guessing: the model's own rate, and `data.num_workers=tune`.
 
-`compute_rate` times training steps on a copy of the model, on one batch already on the device (what
-mode=compute measures, in seconds instead of a whole run), each step a sample of its spread. `tune_workers`
+`probe.ModelProbe` times training steps of the model as the run runs it, on one batch already on the device
+(what mode=compute measures, in seconds instead of a whole run), each step a sample of its spread. `tune_workers`
 probes the model and the training loader at a few worker counts in interleaved rounds, until the choice is
 separated from the noise or the budget is spent, and keeps the fewest workers that stay `AHEAD` of the model:
 past that, more workers only take CPU and memory from the training process (pytorch/pytorch#23048 asks for
@@ -11,17 +11,15 @@ that noise cannot tell apart the cheapest is kept.
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 
 from imgtrain import dist
-from imgtrain.config import Config, Precision
+from imgtrain.config import Config
 from imgtrain.data.failures import stop_workers
 from imgtrain.data.feed import Feed
 from imgtrain.data.loader import LoaderPlan
@@ -29,54 +27,13 @@ from imgtrain.data.pipeline import make_loader, plan_with_workers
 from imgtrain.host import available_cpus
 from imgtrain.metrics.report import INPUT_BOUND_WAIT
 from imgtrain.metrics.spread import MIN_WINDOWS, Rate, indistinguishable
-from imgtrain.optim import build_step
 
 log = logging.getLogger(__name__)
 
 AHEAD = 1.25  # the loader must deliver this many times the model's rate: headroom for jitter and validation
 STARTUP_SHARE = 0.3  # of each probe's time slot left for starting its workers (not timed)
 MIN_PROBE_S = 0.5
-WARMUP_STEPS = 2  # untimed steps before the compute probe's clock starts
 CONTENTION_PROBE_S = 3.0  # the model's own rate after training, when workers and training may share CPUs
-
-
-def compute_rate(
-    base: nn.Module,
-    num_classes: int,
-    settings: Config,
-    device: torch.device,
-    precision: Precision,
-    memory_format: Any,
-    seconds: float,
-    min_steps: int = 2,
-) -> Rate:
-    """Images/s of full training steps (forward, loss, backward, update) on a copy of `base`, with a random batch
-    of the run's shape already on the device: the model's rate with no input pipeline and no other load. Each
-    step is one sample: the median step's rate, with its 95% interval (metrics/spread.py) when at least
-    `MIN_WINDOWS` steps ran (`min_steps` asks for that many)."""
-    model = copy.deepcopy(base).train()  # the run's weights and BatchNorm statistics stay untouched
-    step = build_step(settings, model, device, precision, (1, 1))
-    size = settings.data.batch_size
-    side = settings.dataset.image_size
-    images = torch.randn(size, 3, side, side, device=device).contiguous(memory_format=memory_format)
-    labels = torch.randint(0, num_classes, (size,), device=device)
-
-    def one_step() -> None:  # the training loop's own step (optim.Step), on a batch already on the device
-        _, loss = step.forward(model, images, labels)
-        step.update(loss, schedule=False)
-
-    for _ in range(WARMUP_STEPS):  # allocations, cuDNN autotuning, oneDNN primitives
-        one_step()
-    _sync(device)
-    started = last = time.perf_counter()
-    rates: list[float] = []
-    while len(rates) < min_steps or last - started < seconds:
-        one_step()
-        _sync(device)  # each step timed to its end (microseconds next to a training step)
-        now = time.perf_counter()
-        rates.append(size / max(now - last, 1e-9))
-        last = now
-    return Rate.of(rates)
 
 
 def _sync(device: torch.device) -> None:
@@ -161,9 +118,10 @@ def tune_workers(
     """Probe the model alone and the training loader at `worker_counts` of this rank's CPU share, in interleaved
     rounds, and choose (each rank for itself) once the choice is separated or data.tune_budget_s is spent.
 
-    `model_rate(seconds)` measures the model's images/s (`compute_rate`). Each round probes the model, then each
-    count, for the same time: a machine that slows down during tuning slows every candidate alike. A probe gives
-    one sample per round; after `MIN_WINDOWS` rounds each candidate has a 95% interval (metrics/spread.py).
+    `model_rate(seconds)` measures the model's images/s (a `probe.ModelProbe`, built beforehand). Each round
+    probes the model, then each count, for the same time: a machine that slows down during tuning slows every
+    candidate alike. A probe gives one sample per round; after `MIN_WINDOWS` rounds each candidate has a 95%
+    interval (metrics/spread.py).
     Returns the probe table, the model's rate, the chosen count, why and how sure, for loader_args.json and
     metrics.json.
     """

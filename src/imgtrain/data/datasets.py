@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,15 +18,12 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
-from torchvision.io import ImageReadMode, decode_image
+from torchcodec.decoders import decode_image
 from torchvision.transforms import v2
 
 from imgtrain.data import shapes, stages
 from imgtrain.data.folders import folder_splits, list_images
 from imgtrain.data.jpeg import EncodedJpeg, jpeg_problem
-
-# torchvision 0.29 deprecates its decoders in favour of TorchCodec (not a dependency) and warns on every call.
-warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision")
 
 
 class CorruptSampleError(Exception):
@@ -88,13 +85,15 @@ def decode_file(path: str) -> torch.Tensor:
 
 # What a decoder raises on a file that is not a readable image (truncated, garbage, an unknown format).
 DECODE_ERRORS = (OSError, RuntimeError, ValueError, SyntaxError, Image.DecompressionBombError)
+# TorchCodec's C++ errors start with the throwing function and its source file on TorchCodec's build machine.
+_SOURCE_LOCATION = re.compile(r"^\w+, \S+:\d+, ")
 
 
 def error_reason(error: BaseException) -> str:
     """The first line of an exception's message, or its type's name."""
     if isinstance(error, UnidentifiedImageError):  # PIL's message names an in-memory file object
-        return "not an image in a format Pillow or torchvision can read (damaged, or another kind of file)"
-    text = str(error).strip()
+        return "not an image in a format Pillow or TorchCodec can read (damaged, or another kind of file)"
+    text = _SOURCE_LOCATION.sub("", str(error).strip())
     return text.splitlines()[0] if text else type(error).__name__
 
 
@@ -109,14 +108,20 @@ def decode_problem(data: bytes, path: str) -> str | None:
 
 
 def decode_bytes(data: torch.Tensor, path: str) -> torch.Tensor:
-    """An image file's bytes as a uint8 RGB tensor [3, H, W]; libjpeg-turbo/libpng, else PIL (from the same bytes, so
-    images packed in shards decode the same way; `path` names the image in errors)."""
+    """An image file's bytes as a uint8 RGB tensor [3, H, W]: TorchCodec (libjpeg-turbo, libpng, libwebp) for
+    JPEG, PNG, WebP and GIF, PIL for the other formats (from the same bytes, so images packed in shards decode the
+    same way; `path` names the image in errors). A damaged JPEG or PNG raises TorchCodec's error."""
     try:
-        return decode_image(data, mode=ImageReadMode.RGB)
-    except (RuntimeError, ValueError):  # formats torchvision cannot decode (BMP, TIFF, PPM, ...)
-        with Image.open(io.BytesIO(data.numpy().tobytes())) as img:
-            array = np.asarray(img.convert("RGB"), dtype=np.uint8)
-        return torch.from_numpy(array.copy()).permute(2, 0, 1)
+        image = decode_image(data, mode="RGB")
+    except ValueError:  # a format TorchCodec does not decode (BMP, TIFF, PPM, ...): its check of the magic bytes
+        return _decode_with_pil(data)
+    return image[0] if image.ndim == 4 else image  # an animated GIF or WebP: its first frame, as PIL gives
+
+
+def _decode_with_pil(data: torch.Tensor) -> torch.Tensor:
+    with Image.open(io.BytesIO(data.numpy().tobytes())) as img:
+        array = np.asarray(img.convert("RGB"), dtype=np.uint8)
+    return torch.from_numpy(array.copy()).permute(2, 0, 1)
 
 
 class ImageFileDataset(Dataset):

@@ -160,6 +160,8 @@ def plan_loader(
         kwargs["prefetch_factor"] = data.prefetch_factor
         kwargs["persistent_workers"] = data.persistent_workers
         kwargs["multiprocessing_context"] = _start_method(data, process_group, notes)
+        if not data.in_order:  # only when off: torch < 2.6 has no such argument (validate refuses false there)
+            kwargs["in_order"] = False
     else:
         ignored = _worker_only_settings(data)
         if ignored:
@@ -204,6 +206,8 @@ def _worker_only_settings(data: DataConfig) -> list[str]:
         ignored.append(f"data.multiprocessing_context={data.multiprocessing_context}")
     if data.timeout:
         ignored.append(f"data.timeout={data.timeout}")
+    if not data.in_order:  # one process reads the batches in order anyway
+        ignored.append("data.in_order=false")
     return ignored
 
 

@@ -70,6 +70,14 @@ class RunData:
         sampler = getattr(self.train, "sampler", None)
         if isinstance(sampler, EpochSampler):
             sampler.set_epoch(epoch, start=samples_done // self.replicas)
+        out_of_order = isinstance(self.train, DataLoader) and getattr(self.train, "in_order", True) is False
+        if samples_done and out_of_order and self.train.num_workers:  # resuming by position: see DataConfig.in_order
+            log.warning(
+                "data.in_order=false: this resumed epoch skips the first %d samples of its order, but the steps before "
+                "the checkpoint took batches out of order: up to num_workers x prefetch_factor batches of it are "
+                "repeated, and as many skipped",
+                samples_done,
+            )
 
 
 def make_loader(
@@ -172,6 +180,8 @@ def _streamed(settings: Config, plan: LoaderPlan, info: dist.DistInfo) -> Loader
             "data.device_resident=true needs the whole training set in memory at once, and dataset=shards streams "
             "it: use data.device_resident=false, or dataset=imagefolder on a local copy"
         )
+    if plan.kwargs.pop("in_order", True) is False:
+        log.warning("data.in_order=false does not apply to dataset=shards: LitData's resume state needs worker order")
     if info.world_size > 1 and data.distributed_sampler is False:
         log.warning("data.distributed_sampler=false does not apply to dataset=shards: LitData shards over the ranks")
     if info.world_size > 1 and not plan.kwargs["drop_last"]:
