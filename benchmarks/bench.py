@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from storage import storage  # noqa: E402  (benchmarks/storage.py)
 
 from imgtrain.data.datasets import build_shapes  # noqa: E402
-from imgtrain.data.loader import GuardedSamples, collate  # noqa: E402
+from imgtrain.data.samples import GuardedSamples, collate  # noqa: E402
 from imgtrain.data.shapes import ensure_shapes  # noqa: E402
 from imgtrain.host import available_cpus  # noqa: E402
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from imgtrain.data.feed import ResidentLoader, pad_crop_flip
-from imgtrain.data.loader import Batch
 from imgtrain.data.samplers import EpochSampler
+from imgtrain.data.samples import Batch
 
 
 def test_pad_crop_flip_matches_a_per_image_reference() -> None:
@@ -45,7 +45,7 @@ def test_encoded_jpegs_collate_as_a_list_and_decode_in_one_call(tmp_path) -> Non
     """dataset.decode=cuda's path, run on the CPU: the code is the same, only decode_jpeg's device differs."""
     from imgtrain.data.datasets import EncodedFileDataset, ImageFileDataset, build_shapes, eval_transform
     from imgtrain.data.gpu_decode import JpegBatchDecoder
-    from imgtrain.data.loader import GuardedSamples, collate
+    from imgtrain.data.samples import GuardedSamples, collate
 
     bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, False, str(tmp_path), 20, 10, 0)
     paths = [bundle.train.path(i) for i in range(4)]

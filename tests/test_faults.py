@@ -13,7 +13,8 @@ from torch.utils.data import Dataset
 from imgtrain.agreement import WindowReport, exchange, merge
 from imgtrain.config import DataConfig, NonFinite
 from imgtrain.data.failures import explain_loader_failure, next_batch
-from imgtrain.data.loader import GuardedSamples, build_loader, collate, plan_loader
+from imgtrain.data.loader import build_loader, plan_loader
+from imgtrain.data.samples import GuardedSamples, collate
 from imgtrain.errors import RunError
 from imgtrain.faults import SECOND_CTRL_C_AFTER_S, Faults, Preempted, Stop, StopReason, StopSignals
 

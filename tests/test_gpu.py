@@ -28,8 +28,8 @@ from imgtrain.data.datasets import EncodedFileDataset, decode_file, eval_transfo
 from imgtrain.data.feed import CudaPrefetcher, ResidentLoader
 from imgtrain.data.folders import list_images
 from imgtrain.data.gpu_decode import GpuJpegBatches, JpegBatchDecoder, decode_jpegs
-from imgtrain.data.loader import Batch, GuardedSamples, collate
 from imgtrain.data.samplers import EpochSampler
+from imgtrain.data.samples import Batch, GuardedSamples, collate
 from imgtrain.data.shapes import ensure_shapes
 from imgtrain.metrics import Metrics
 from imgtrain.run import run

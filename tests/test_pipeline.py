@@ -16,7 +16,7 @@ from imgtrain.config import validate
 from imgtrain.data import stages
 from imgtrain.data.datasets import build_shapes
 from imgtrain.data.feed import Feed
-from imgtrain.data.loader import GuardedSamples, collate
+from imgtrain.data.samples import GuardedSamples, collate
 from imgtrain.metrics import report
 from imgtrain.metrics.pipeline import PipelineMeter
 from imgtrain.metrics.spread import Rate

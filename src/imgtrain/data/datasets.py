@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 from torchcodec.decoders import decode_image
 from torchvision.transforms import v2
 
-from imgtrain.data import shapes, stages
+from imgtrain.data import batched, shapes, stages
 from imgtrain.data.folders import folder_splits, list_images
 from imgtrain.data.jpeg import EncodedJpeg, jpeg_problem
 
@@ -143,7 +143,14 @@ class ImageFileDataset(Dataset):
         """The file behind item `index`."""
         return os.fsdecode(self.paths[index])
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    @property
+    def crop_spec(self) -> batched.CropSpec | None:
+        """The transform as one call for a whole batch (data/batched.py), or None: then each sample is transformed
+        on its own by `__getitem__`."""
+        return batched.spec_of(self.transform)
+
+    def decoded(self, index: int) -> tuple[torch.Tensor, int]:
+        """Item `index` read and decoded, not transformed: uint8 [3, H, W] and its label (read and decode timed)."""
         path = self.path(index)
         started = time.perf_counter()
         try:
@@ -152,15 +159,23 @@ class ImageFileDataset(Dataset):
             raw = decode_bytes(data, path)
         except DECODE_ERRORS as error:
             raise CorruptSampleError(path, error_reason(error)) from None
-        decoded = time.perf_counter()
+        stages.record(read - started, time.perf_counter() - read)
+        return raw, int(self.labels[index])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        raw, label = self.decoded(index)
+        read, decode, _ = stages.take()
+        started = time.perf_counter()
         image = self.transform(raw).contiguous()
-        stages.record(read - started, decoded - read, time.perf_counter() - decoded)
-        return image, int(self.labels[index])
+        stages.record(read, decode, time.perf_counter() - started)
+        return image, label
 
 
 class EncodedFileDataset(ImageFileDataset):
     """JPEG files as undecoded bytes (dataset.decode=cuda): the training process decodes whole batches on the
     GPU and applies `transform` there, so workers only read files (and check their markers)."""
+
+    crop_spec = None  # the GPU decodes and transforms whole batches (data/gpu_decode.py)
 
     def __getitem__(self, index: int) -> tuple[EncodedJpeg, int]:
         path = self.path(index)

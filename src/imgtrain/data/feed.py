@@ -21,8 +21,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from imgtrain.data.gpu_decode import GpuJpegBatches
-from imgtrain.data.loader import Batch
 from imgtrain.data.samplers import EpochSampler
+from imgtrain.data.samples import Batch
 from imgtrain.data.stages import StreamTimer
 from imgtrain.errors import ConfigError
 

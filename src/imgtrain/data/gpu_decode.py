@@ -18,7 +18,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import RandomResizedCrop as RandomResizedCropParams
 from torchvision.transforms import v2
 
-from imgtrain.data.loader import Batch
+from imgtrain.data.samples import Batch
 from imgtrain.data.stages import StreamTimer
 from imgtrain.errors import RunError
 

@@ -9,20 +9,16 @@ import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import random
 import signal
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
+from torch.utils.data import DataLoader, Dataset
 
 from imgtrain.config import AUTO, TUNE, DataConfig
-from imgtrain.data import stages
-from imgtrain.data.datasets import CorruptSampleError
-from imgtrain.data.jpeg import EncodedJpeg
 from imgtrain.data.samplers import EpochSampler, ShardSampler
+from imgtrain.data.samples import GuardedSamples, collate
 from imgtrain.host import available_cpus
 
 log = logging.getLogger(__name__)
@@ -209,95 +205,6 @@ def _worker_only_settings(data: DataConfig) -> list[str]:
     if not data.in_order:  # one process reads the batches in order anyway
         ignored.append("data.in_order=false")
     return ignored
-
-
-class Batch(NamedTuple):
-    """What the loaders yield: uint8 images [B, 3, H, W], labels [B], and the unreadable files replaced (training)
-    or dropped (validation: then B may be smaller than the batch size, even 0, with `images` None).
-
-    With dataset.decode=cuda, `images` is a list of undecoded JPEGs (1-d uint8 tensors) and `sources` their paths.
-    """
-
-    images: Any
-    labels: torch.Tensor
-    skipped: tuple[tuple[str, str], ...] = ()  # (path, reason) of each unreadable file replaced or dropped
-    sources: tuple[str, ...] = ()
-    times: stages.BatchTimes | tuple = ()  # the batch's stage seconds (empty with data.stage_timings=false)
-
-
-Sample = tuple[Any, int, tuple[tuple[str, str], ...], tuple[float, float, float, float] | None]
-
-
-def collate(items: list[Sample]) -> Batch:
-    """default_collate for images and labels (it stacks into shared memory inside a worker), plus the skips and
-    the stage times.
-
-    Undecoded files (EncodedJpeg, dataset.decode=cuda) stay a list of byte tensors, with their paths. Items
-    GuardedSamples dropped (image None) are left out.
-    """
-    started = time.perf_counter()
-    skipped = tuple(record for _, _, records, _ in items for record in records)
-    kept = [(image, label) for image, label, _, _ in items if image is not None]
-    if not kept:
-        batch = Batch(None, torch.empty(0, dtype=torch.long), skipped)
-    elif isinstance(kept[0][0], EncodedJpeg):
-        labels = torch.tensor([label for _, label in kept])
-        batch = Batch([e.data for e, _ in kept], labels, skipped, tuple(e.path for e, _ in kept))
-    else:
-        images, labels = default_collate(kept)
-        batch = Batch(images, labels, skipped)
-    timed = [times for *_, times in items if times is not None]
-    return batch._replace(times=stages.batch_times(timed, started)) if timed else batch
-
-
-class GuardedSamples(Dataset):
-    """Wraps a dataset: seeds augmentation per sample, and handles an unreadable image.
-
-    Training (`replace`) takes the next readable image instead: every batch keeps its shape, which
-    BatchNorm, DDP and torch.compile prefer. Validation drops it (image None), so no image is counted twice
-    in val_acc. Either way the file is reported with the batch and counted against data.max_bad_samples.
-    """
-
-    MAX_IN_A_ROW = 16  # more consecutive unreadable files than this is a broken dataset, not a bad file
-
-    def __init__(self, dataset: Dataset, replace: bool = True, timed: bool = True) -> None:
-        self.dataset, self.replace, self.timed = dataset, replace, timed
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, item: int | tuple[int, int]) -> Sample:
-        """(image, label, the unreadable files met, (read, decode, augment, total) seconds or None)."""
-        index, seed = item if isinstance(item, tuple) else (item, None)
-        skipped: list[tuple[str, str]] = []
-        for _ in range(self.MAX_IN_A_ROW):
-            try:
-                if not self.timed:
-                    return (*self._load(index, seed), tuple(skipped), None)
-                (image, label), times = stages.timed_sample(self._load, index, seed)
-                return image, label, tuple(skipped), times
-            except CorruptSampleError as error:
-                skipped.append((error.path, error.reason))
-                if not self.replace:
-                    return None, -1, tuple(skipped), None
-                index = (index + 1) % len(self.dataset)
-        path, reason = skipped[-1]
-        raise CorruptSampleError(path, f"{reason} ({self.MAX_IN_A_ROW} unreadable images in a row)")
-
-    def _load(self, index: int, seed: int | None) -> tuple[torch.Tensor, int]:
-        return self.dataset[index] if seed is None else seeded(seed, self.dataset.__getitem__, index)
-
-
-def seeded(seed: int, call: Callable[..., Any], *args: Any) -> Any:
-    """`call(*args)` with torch's default CPU generator (which torchvision's random transforms draw from) set to
-    `seed`. Seeding only that one: torch.manual_seed would also queue a CUDA re-seed and format a stack trace, ~90 us
-    per call. In the training process (num_workers=0) its own random stream is left untouched."""
-    if get_worker_info() is None:
-        with torch.random.fork_rng(devices=[]):
-            torch.random.default_generator.manual_seed(seed)
-            return call(*args)
-    torch.random.default_generator.manual_seed(seed)
-    return call(*args)
 
 
 def train_sampler(dataset_len: int, plan: LoaderPlan, *, seed: int, rank: int, world_size: int) -> EpochSampler:

@@ -28,8 +28,8 @@ from imgtrain.data.datasets import (
     triple,
 )
 from imgtrain.data.jpeg import EncodedJpeg, jpeg_problem
-from imgtrain.data.loader import GuardedSamples, Sample, seeded
 from imgtrain.data.samplers import sample_seed
+from imgtrain.data.samples import GuardedSamples, Sample, seeded
 from imgtrain.data.shards import engine
 from imgtrain.data.shards.manifest import SPLITS, Manifest, check_files, read_manifest
 from imgtrain.data.shards.store import Location, Store

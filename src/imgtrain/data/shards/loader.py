@@ -23,7 +23,8 @@ import torch
 from litdata import StreamingDataLoader
 
 from imgtrain.data.failures import stop_workers
-from imgtrain.data.loader import LoaderPlan, collate
+from imgtrain.data.loader import LoaderPlan
+from imgtrain.data.samples import collate
 from imgtrain.data.shards.dataset import ShardSplit
 
 log = logging.getLogger(__name__)

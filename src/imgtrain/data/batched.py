@@ -1,0 +1,166 @@
+"""Augmentation per batch: every sample's crop box and flip drawn at once from the samples' seeds, then the batch
+cropped, resized and flipped together.
+
+Per sample, only what must be: reading and decoding the file. The random draws are a pure function of each
+sample's seed (SplitMix64, in NumPy for the whole batch): no generator is seeded per sample, the result does not
+depend on the batch or the worker, and a resumed epoch draws the same boxes. The boxes follow RandomResizedCrop's
+algorithm (up to 10 tries of a scale and a log-uniform aspect ratio, then the centre crop), with other random
+numbers than torchvision's generator would give.
+
+The resize, measured on one core of the 2-core development machine (BENCHMARKS.md, 2026-11-24, issue 22):
+- small images of one size (32 px): one `torchvision.ops.roi_align` call for the whole batch, 0.012 ms an image,
+  against 0.023 for torchvision's resize called per image and 0.075 for the v2 transform per sample;
+- larger images: torchvision's uint8 antialiased resize per image. Its SIMD kernel works on the crop alone, in
+  uint8; roi_align works in float over the whole image: 0.27 against 1.8-2.0 ms for a 500x375 JPEG to 224 px,
+  and slower from 64 px up. Each call is one C++ kernel, with no transform machinery around it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torchvision.transforms.v2.functional as F
+from torchvision.ops import roi_align
+from torchvision.transforms import v2
+
+MAX_TRIES = 10  # RandomResizedCrop's attempts at a box inside the image before it falls back to the centre crop
+ROI_ALIGN_MAX_SIDE = 48  # px: up to here one roi_align call for a group of same-size images beats a call per image
+DRAWS = 2 * MAX_TRIES + 3  # uniforms per sample: scale and ratio per try, top, left, flip
+
+
+@dataclass(frozen=True)
+class CropSpec:
+    """What a split's transform asks for, in a form one call can apply to a batch.
+
+    Training: RandomResizedCrop to `size` (`scale`, `ratio`), then a horizontal flip with probability `flip_p`.
+    Evaluation (`scale` None): resize the short side to `resize` (None: both sides to `size`), centre crop `size`.
+    """
+
+    size: int
+    scale: tuple[float, float] | None = None
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip_p: float = 0.0
+    resize: int | None = None
+
+
+def spec_of(transform: Any) -> CropSpec | None:
+    """The CropSpec of the transforms built in data/datasets.py (bilinear, antialiased), else None: any other
+    transform keeps the per-sample path."""
+    steps = list(transform.transforms) if isinstance(transform, v2.Compose) else [transform]
+    flip_p = steps.pop().p if steps and isinstance(steps[-1], v2.RandomHorizontalFlip) else 0.0
+    if not all(_bilinear(step) for step in steps if isinstance(step, v2.RandomResizedCrop | v2.Resize)):
+        return None
+    if len(steps) == 1 and isinstance(steps[0], v2.RandomResizedCrop) and _square(steps[0].size):
+        crop = steps[0]
+        return CropSpec(crop.size[0], tuple(crop.scale), tuple(crop.ratio), flip_p)
+    if len(steps) == 1 and isinstance(steps[0], v2.Resize) and _square(steps[0].size) and len(steps[0].size) == 2:
+        return CropSpec(steps[0].size[0], flip_p=flip_p)
+    if len(steps) == 2 and isinstance(steps[0], v2.Resize) and isinstance(steps[1], v2.CenterCrop):
+        resize, crop = steps[0].size, steps[1].size
+        if len(resize) == 1 and steps[0].max_size is None and _square(crop):
+            return CropSpec(crop[0], flip_p=flip_p, resize=resize[0])
+    return None
+
+
+def _bilinear(step: Any) -> bool:
+    mode = getattr(step.interpolation, "value", step.interpolation)
+    return str(mode).lower() == "bilinear" and step.antialias is not False
+
+
+def _square(size: Any) -> bool:
+    return size is not None and len(size) in (1, 2) and size[0] == size[-1]
+
+
+def uniforms(seeds: np.ndarray, count: int) -> np.ndarray:
+    """[len(seeds), count] uniforms in [0, 1), each row a function of its seed alone (SplitMix64 of seed and k)."""
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design
+        x = seeds.astype(np.uint64)[:, None] * np.uint64(0x9E3779B97F4A7C15) + np.arange(1, count + 1, dtype=np.uint64)
+        x = x * np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+def random_boxes(heights: np.ndarray, widths: np.ndarray, draws: np.ndarray, spec: CropSpec) -> np.ndarray:
+    """RandomResizedCrop's boxes [B, 4] (top, left, height, width) for images of these sizes, from `draws`."""
+    area = (heights * widths)[:, None]
+    scale = draws[:, :MAX_TRIES] * (spec.scale[1] - spec.scale[0]) + spec.scale[0]
+    log_low, log_high = np.log(spec.ratio[0]), np.log(spec.ratio[1])
+    aspect = np.exp(draws[:, MAX_TRIES : 2 * MAX_TRIES] * (log_high - log_low) + log_low)
+    w = np.rint(np.sqrt(area * scale * aspect)).astype(np.int64)
+    h = np.rint(np.sqrt(area * scale / aspect)).astype(np.int64)
+    fits = (w > 0) & (h > 0) & (w <= widths[:, None]) & (h <= heights[:, None])
+    first = fits.argmax(axis=1)  # the first try that fits, as RandomResizedCrop takes it
+    rows = np.arange(len(heights))
+    h, w = h[rows, first], w[rows, first]
+    top = np.floor(draws[:, 2 * MAX_TRIES] * (heights - h + 1)).astype(np.int64)
+    left = np.floor(draws[:, 2 * MAX_TRIES + 1] * (widths - w + 1)).astype(np.int64)
+    boxes = np.stack([top, left, h, w], axis=1)
+    none_fit = ~fits.any(axis=1)
+    if none_fit.any():
+        boxes[none_fit] = _centre_boxes(heights[none_fit], widths[none_fit], spec.ratio)
+    return boxes
+
+
+def _centre_boxes(heights: np.ndarray, widths: np.ndarray, ratio: tuple[float, float]) -> np.ndarray:
+    """RandomResizedCrop's fallback: the whole image, cut to the nearest allowed aspect ratio, centred."""
+    in_ratio = widths / heights
+    w = np.where(in_ratio < ratio[0], widths, np.where(in_ratio > ratio[1], np.rint(heights * ratio[1]), widths))
+    h = np.where(in_ratio < ratio[0], np.rint(widths / ratio[0]), heights)
+    w, h = w.astype(np.int64), h.astype(np.int64)
+    return np.stack([(heights - h) // 2, (widths - w) // 2, h, w], axis=1)
+
+
+def augment_batch(images: list[torch.Tensor], seeds: np.ndarray | None, spec: CropSpec) -> torch.Tensor:
+    """uint8 images [3, H, W] of any sizes -> one uint8 batch [B, 3, size, size]: cropped and resized as `spec`
+    says, flipped where each seed's draw says. `seeds` may be None for a spec without randomness."""
+    heights = np.array([image.shape[-2] for image in images], dtype=np.int64)
+    widths = np.array([image.shape[-1] for image in images], dtype=np.int64)
+    random = spec.scale is not None or spec.flip_p > 0
+    draws = uniforms(seeds, DRAWS) if random else None
+    if spec.scale is not None:
+        boxes = random_boxes(heights, widths, draws, spec)
+        out = _crop_resize(images, boxes, spec.size)
+    else:
+        out = torch.stack([_evaluation_crop(image, spec) for image in images])
+    if spec.flip_p > 0:
+        flip = torch.from_numpy(draws[:, -1] < spec.flip_p)
+        out = torch.where(flip[:, None, None, None], out.flip(-1), out)
+    return out
+
+
+def _crop_resize(images: list[torch.Tensor], boxes: np.ndarray, size: int) -> torch.Tensor:
+    """Each image's box resized to size x size: one roi_align call per group of small same-size images, else
+    torchvision's uint8 resize per image (see the module docstring for why)."""
+    out = torch.empty(len(images), 3, size, size, dtype=torch.uint8)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, image in enumerate(images):
+        groups.setdefault(tuple(image.shape), []).append(i)
+    for shape, members in groups.items():
+        if len(members) > 1 and max(shape[-2:]) <= ROI_ALIGN_MAX_SIDE:
+            out[members] = _roi_align_group(torch.stack([images[i] for i in members]), boxes[members], size)
+            continue
+        for i in members:
+            top, left, height, width = (int(v) for v in boxes[i])
+            out[i] = F.resized_crop(images[i], top, left, height, width, [size, size], antialias=True)
+    return out
+
+
+def _roi_align_group(images: torch.Tensor, boxes: np.ndarray, size: int) -> torch.Tensor:
+    """Bilinear samples at the pixel centres of each box, as torchvision's resize takes them (half-pixel
+    convention, `aligned=True`); a box larger than the output averages ceil(box / output) samples per pixel."""
+    top, left, height, width = (torch.from_numpy(boxes[:, k]).float() for k in range(4))
+    rois = torch.stack([torch.arange(len(boxes), dtype=torch.float32), left, top, left + width, top + height], 1)
+    resized = roi_align(images.float(), rois, (size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+    return resized.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _evaluation_crop(image: torch.Tensor, spec: CropSpec) -> torch.Tensor:
+    """The evaluation transform's own kernels, so validation images are the per-sample path's exactly."""
+    if spec.resize is None:
+        return F.resize(image, [spec.size, spec.size], antialias=True)
+    return F.center_crop(F.resize(image, [spec.resize], antialias=True), [spec.size, spec.size])
