@@ -93,7 +93,7 @@ def test_larger_and_mixed_sizes_take_torchvisions_own_kernel_exactly() -> None:
               [(120, 90), (120, 90), (64, 80), (30, 30)]]  # fmt: skip
     spec = batched.spec_of(train_transform(48))
     seeds = np.array([5, 6, 7, 8])
-    out = batched.augment_batch(images, seeds, spec)
+    out = torch.stack(batched.augment_batch(images, seeds, spec))
     draws = batched.uniforms(seeds, batched.DRAWS)
     heights, widths = np.array([120, 120, 64, 30]), np.array([90, 90, 80, 30])
     boxes = batched.random_boxes(heights, widths, draws, spec)
@@ -105,17 +105,18 @@ def test_larger_and_mixed_sizes_take_torchvisions_own_kernel_exactly() -> None:
 def test_evaluation_transforms_give_the_per_sample_pixels(shapes_images) -> None:
     image = torch.randint(0, 256, (3, 75, 100), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     for transform, source in ((eval_transform(64), image), (square_resize(32), shapes_images[0])):
-        out = batched.augment_batch([source, source], None, batched.spec_of(transform))
+        out = torch.stack(batched.augment_batch([source, source], None, batched.spec_of(transform)))
         assert torch.equal(out[0], transform(source)) and torch.equal(out[1], out[0])
 
 
 def test_each_samples_draws_depend_on_its_seed_alone(shapes_images) -> None:
     spec = batched.spec_of(train_transform(32, min_scale=0.6))
     seeds = np.arange(100, 164)
-    whole = batched.augment_batch(shapes_images[:64], seeds, spec)
-    halves = torch.cat([batched.augment_batch(shapes_images[i : i + 32], seeds[i : i + 32], spec) for i in (0, 32)])
+    whole = torch.stack(batched.augment_batch(shapes_images[:64], seeds, spec))
+    halves = torch.stack([*batched.augment_batch(shapes_images[:32], seeds[:32], spec),
+                          *batched.augment_batch(shapes_images[32:64], seeds[32:], spec)])  # fmt: skip
     assert torch.equal(whole, halves)  # the same, however the batch is cut
-    assert torch.equal(whole, batched.augment_batch(shapes_images[:64], seeds, spec))  # and on a rerun
+    assert torch.equal(whole, torch.stack(batched.augment_batch(shapes_images[:64], seeds, spec)))  # and on a rerun
     flips = batched.uniforms(np.arange(20_000), batched.DRAWS)[:, -1] < spec.flip_p
     assert abs(flips.mean() - 0.5) < 0.01
 

@@ -7,12 +7,14 @@ depend on the batch or the worker, and a resumed epoch draws the same boxes. The
 algorithm (up to 10 tries of a scale and a log-uniform aspect ratio, then the centre crop), with other random
 numbers than torchvision's generator would give.
 
-The resize, measured on one core of the 2-core development machine (BENCHMARKS.md, 2026-11-24, issue 22):
-- small images of one size (32 px): one `torchvision.ops.roi_align` call for the whole batch, 0.012 ms an image,
-  against 0.023 for torchvision's resize called per image and 0.075 for the v2 transform per sample;
+The resize, measured per image on one core of the 2-core development machine (`benchmarks/resize_kernels.py`,
+BENCHMARKS.md, 2026-11-24 20:50):
+- small images of one size: one `torchvision.ops.roi_align` call for the group, 0.0125 ms at 32 px, against
+  0.0222 for torchvision's uint8 resize called per image and 0.0501 for the v2 transform per sample; at 48 px
+  the first two tie (0.027, 0.026), so the group call is kept up to 40 px;
 - larger images: torchvision's uint8 antialiased resize per image. Its SIMD kernel works on the crop alone, in
-  uint8; roi_align works in float over the whole image: 0.27 against 1.8-2.0 ms for a 500x375 JPEG to 224 px,
-  and slower from 64 px up. Each call is one C++ kernel, with no transform machinery around it.
+  uint8; roi_align works in float: 0.032 against 0.050 ms at 64 px, 0.35 against 2.8 ms for a 500x375 JPEG to
+  224 px. Each call is one C++ kernel, with no transform machinery around it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from torchvision.ops import roi_align
 from torchvision.transforms import v2
 
 MAX_TRIES = 10  # RandomResizedCrop's attempts at a box inside the image before it falls back to the centre crop
-ROI_ALIGN_MAX_SIDE = 48  # px: up to here one roi_align call for a group of same-size images beats a call per image
+ROI_ALIGN_MAX_SIDE = 40  # px: up to here one roi_align call for a group of same-size images beats a call per image
 DRAWS = 2 * MAX_TRIES + 3  # uniforms per sample: scale and ratio per try, top, left, flip
 
 
@@ -115,38 +117,39 @@ def _centre_boxes(heights: np.ndarray, widths: np.ndarray, ratio: tuple[float, f
     return np.stack([(heights - h) // 2, (widths - w) // 2, h, w], axis=1)
 
 
-def augment_batch(images: list[torch.Tensor], seeds: np.ndarray | None, spec: CropSpec) -> torch.Tensor:
-    """uint8 images [3, H, W] of any sizes -> one uint8 batch [B, 3, size, size]: cropped and resized as `spec`
-    says, flipped where each seed's draw says. `seeds` may be None for a spec without randomness."""
+def augment_batch(images: list[torch.Tensor], seeds: np.ndarray | None, spec: CropSpec) -> list[torch.Tensor]:
+    """uint8 images [3, H, W] of any sizes -> uint8 [3, size, size] each: cropped and resized as `spec` says, flipped
+    where each seed's draw says (`seeds` may be None for a spec without randomness). A list, which collate stacks
+    into shared memory: the images are copied once, there."""
     heights = np.array([image.shape[-2] for image in images], dtype=np.int64)
     widths = np.array([image.shape[-1] for image in images], dtype=np.int64)
     random = spec.scale is not None or spec.flip_p > 0
     draws = uniforms(seeds, DRAWS) if random else None
-    if spec.scale is not None:
-        boxes = random_boxes(heights, widths, draws, spec)
-        out = _crop_resize(images, boxes, spec.size)
-    else:
-        out = torch.stack([_evaluation_crop(image, spec) for image in images])
-    if spec.flip_p > 0:
-        flip = torch.from_numpy(draws[:, -1] < spec.flip_p)
-        out = torch.where(flip[:, None, None, None], out.flip(-1), out)
-    return out
+    flips = draws[:, -1] < spec.flip_p if spec.flip_p > 0 else np.zeros(len(images), dtype=bool)
+    if spec.scale is None:
+        out = [_evaluation_crop(image, spec) for image in images]
+        return [image.flip(-1) if flip else image for image, flip in zip(out, flips, strict=True)]
+    return _crop_resize_flip(images, random_boxes(heights, widths, draws, spec), flips, spec.size)
 
 
-def _crop_resize(images: list[torch.Tensor], boxes: np.ndarray, size: int) -> torch.Tensor:
-    """Each image's box resized to size x size: one roi_align call per group of small same-size images, else
-    torchvision's uint8 resize per image (see the module docstring for why)."""
-    out = torch.empty(len(images), 3, size, size, dtype=torch.uint8)
+def _crop_resize_flip(images: list[torch.Tensor], boxes: np.ndarray, flips: np.ndarray, size: int) -> list:
+    """Each image's box resized to size x size and flipped where asked: one roi_align call per group of small
+    same-size images, else torchvision's uint8 resize per image (see the module docstring for why)."""
+    out: list[torch.Tensor | None] = [None] * len(images)
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, image in enumerate(images):
         groups.setdefault(tuple(image.shape), []).append(i)
     for shape, members in groups.items():
         if len(members) > 1 and max(shape[-2:]) <= ROI_ALIGN_MAX_SIDE:
-            out[members] = _roi_align_group(torch.stack([images[i] for i in members]), boxes[members], size)
+            group = _roi_align_group(torch.stack([images[i] for i in members]), boxes[members], size)
+            flip = torch.from_numpy(flips[members])
+            for i, image in zip(members, torch.where(flip[:, None, None, None], group.flip(-1), group), strict=True):
+                out[i] = image
             continue
         for i in members:
             top, left, height, width = (int(v) for v in boxes[i])
-            out[i] = F.resized_crop(images[i], top, left, height, width, [size, size], antialias=True)
+            image = F.resized_crop(images[i], top, left, height, width, [size, size], antialias=True)
+            out[i] = image.flip(-1) if flips[i] else image
     return out
 
 
