@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from imgtrain.data.feed import ResidentLoader, pad_crop_flip
+from imgtrain.data.jpeg import EncodedBatch
 from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.samples import Batch
 
@@ -51,7 +52,9 @@ def test_encoded_jpegs_collate_as_a_list_and_decode_in_one_call(tmp_path) -> Non
     paths = [bundle.train.path(i) for i in range(4)]
     encoded = GuardedSamples(EncodedFileDataset(paths, [0, 1, 2, 3], bundle.classes, eval_transform(24)))
     batch = collate([encoded[i] for i in range(4)])
-    assert isinstance(batch.images, list) and batch.images[0].dim() == 1 and batch.labels.tolist() == [0, 1, 2, 3]
+    files = batch.images.files()  # one byte buffer, split into the four files
+    assert len(files) == 4 and files[0].dim() == 1 and batch.labels.tolist() == [0, 1, 2, 3]
+    assert [bytes(f.numpy()) for f in files] == [Path(p).read_bytes() for p in paths]
     assert batch.sources == tuple(paths)
     decoded = JpegBatchDecoder(eval_transform(24))(batch, torch.device("cpu"))
     assert decoded.images.shape == (4, 3, 24, 24) and decoded.images.dtype == torch.uint8
@@ -68,7 +71,7 @@ def test_a_batch_decode_failure_replaces_only_the_bad_file_and_reports_it(tmp_pa
     paths = [bundle.train.path(i) for i in range(4)]
     data = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p in paths]
     broken = data[1][: data[1].numel() // 2].clone()  # cut short: torchvision's decoders refuse it
-    batch = Batch([data[0], broken, data[2], data[3]], torch.tensor([0, 1, 2, 3]), (), tuple(paths))
+    batch = Batch(EncodedBatch.pack([data[0], broken, data[2], data[3]]), torch.tensor([0, 1, 2, 3]), (), tuple(paths))
     out = JpegBatchDecoder(train_transform(24))(batch, torch.device("cpu"))
     assert out.images.shape == (4, 3, 24, 24)
     assert out.labels.tolist() == [0, 2, 2, 3]  # the stand-in is the next readable image, with its label
@@ -100,7 +103,10 @@ def test_the_decode_thread_keeps_order_ends_cleanly_and_hands_errors_over(tmp_pa
     bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, False, str(tmp_path), 40, 10, 0)
     paths = [bundle.train.path(i) for i in range(40)]
     data = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p in paths]
-    batches = [Batch(data[i : i + 8], torch.arange(i, i + 8), (), tuple(paths[i : i + 8])) for i in range(0, 40, 8)]
+    batches = [
+        Batch(EncodedBatch.pack(data[i : i + 8]), torch.arange(i, i + 8), (), tuple(paths[i : i + 8]))
+        for i in range(0, 40, 8)
+    ]
     cpu = torch.device("cpu")
     with GpuJpegBatches(iter(batches), train_transform(24), cpu) as stage:
         out = list(stage)
@@ -133,7 +139,7 @@ def _jpeg_batches(tmp_path: Path, count: int, size: int = 8) -> list[Batch]:
     data = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p in paths]
     times = BatchTimes(read=0.001, busy=0.001, finished=1.0, samples=size)  # stage timings on (the default)
     return [
-        Batch(data[i : i + size], torch.arange(i, i + size), (), tuple(paths[i : i + size]), times)
+        Batch(EncodedBatch.pack(data[i : i + size]), torch.arange(i, i + size), (), tuple(paths[i : i + size]), times)
         for i in range(0, count, size)
     ]
 
@@ -155,7 +161,7 @@ def test_a_validation_batch_of_only_unreadable_images_passes_the_decode_stream(t
 
     fake = fakecuda.install(monkeypatch)
     good, bad = _jpeg_batches(tmp_path, 16)
-    bad = bad._replace(images=[data[: data.numel() // 3].clone() for data in bad.images])  # all cut short
+    bad = bad._replace(images=EncodedBatch.pack([data[: data.numel() // 3].clone() for data in bad.images.files()]))
     stage = GpuJpegBatches(iter([good, bad]), eval_transform(24), torch.device("cuda", 0), drop=True)
     _decoding_on_the_cpu(stage, eval_transform(24), drop=True)
     with stage:
@@ -207,3 +213,24 @@ def test_the_compute_ceiling_with_gpu_decode_trains_on_its_device_batch(tmp_path
     cuda = torch.device("cuda", 0)  # only the device's type is read
     assert decodes_on_gpu(validate(compose_cfg(*args)), cuda)
     assert not decodes_on_gpu(validate(compose_cfg(*args, "mode=compute")), cuda)
+
+
+def test_gpu_decode_crops_follow_each_samples_seed(tmp_path) -> None:
+    """dataset.decode=cuda's path, run on the CPU: a worker packs the batch into one byte buffer with the seeds,
+    and the crops and flips drawn from them are the same on a rerun and in another batch (so on a resume)."""
+    from imgtrain.data.datasets import EncodedFileDataset, build_shapes, train_transform
+    from imgtrain.data.gpu_decode import JpegBatchDecoder
+    from imgtrain.data.samples import GuardedSamples, collate
+
+    bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, False, str(tmp_path), 20, 10, 0)
+    paths = [bundle.train.path(i) for i in range(16)]
+    samples = GuardedSamples(EncodedFileDataset(paths, list(range(16)), bundle.classes, train_transform(24)))
+    batch = collate(samples.__getitems__([(i, 100 + i) for i in range(16)]))
+    assert batch.images.data.dim() == 1 and batch.images.seeds.tolist() == list(range(100, 116))
+    decoder, cpu = JpegBatchDecoder(train_transform(24)), torch.device("cpu")
+    whole = decoder(batch, cpu).images
+    assert torch.equal(whole, decoder(batch, cpu).images)
+    later = collate(samples.__getitems__([(i, 100 + i) for i in range(8, 16)]))
+    assert torch.equal(decoder(later, cpu).images, whole[8:])
+    other_seeds = collate(samples.__getitems__([(i, 200 + i) for i in range(16)]))
+    assert not torch.equal(decoder(other_seeds, cpu).images, whole)

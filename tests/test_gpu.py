@@ -28,6 +28,7 @@ from imgtrain.data.datasets import EncodedFileDataset, decode_file, eval_transfo
 from imgtrain.data.feed import CudaPrefetcher, ResidentLoader
 from imgtrain.data.folders import list_images
 from imgtrain.data.gpu_decode import GpuJpegBatches, JpegBatchDecoder, decode_jpegs
+from imgtrain.data.jpeg import EncodedBatch
 from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.samples import Batch, GuardedSamples, collate
 from imgtrain.data.shapes import ensure_shapes
@@ -115,7 +116,7 @@ def test_gpu_decode_matches_the_cpu_decode_within_tolerance(jpeg_root: Path) -> 
     assert mean <= DECODE_MEAN_ABS_MAX and p999 <= DECODE_P999_MAX
     # The same holds after the validation transform, batched on the GPU, against the workers' CPU transform.
     transform = eval_transform(64)
-    batch = Batch(encoded, torch.zeros(len(paths), dtype=torch.long), (), tuple(paths))
+    batch = Batch(EncodedBatch.pack(encoded), torch.zeros(len(paths), dtype=torch.long), (), tuple(paths))
     decoded = JpegBatchDecoder(transform)(batch, CUDA).images.cpu().int()
     workers = torch.stack([transform(decode_file(p)) for p in paths]).int()
     assert (decoded - workers).abs().float().mean().item() <= DECODE_MEAN_ABS_MAX
@@ -134,7 +135,7 @@ def test_gpu_decode_never_overwrites_memory_that_queued_kernels_still_read(jpeg_
     expected = []
     for batch in batches:  # the reference: one batch at a time, nothing else queued
         torch.cuda.synchronize()
-        expected.append(torch.stack([i.to(torch.int64).sum() for i in decode_jpegs(batch.images, CUDA)]))
+        expected.append(torch.stack([i.to(torch.int64).sum() for i in decode_jpegs(batch.images.files(), CUDA)]))
         torch.cuda.synchronize()
     weight = torch.randn(4096, 4096, device=CUDA)
     want = torch.arange(16, dtype=torch.float32, device=CUDA) * (1 << 14)
@@ -146,7 +147,7 @@ def test_gpu_decode_never_overwrites_memory_that_queued_kernels_still_read(jpeg_
             weight = torch.tanh(weight @ weight)  # ~10 ms of queued work ahead of the reductions
         reductions.append(torch.stack([t.sum() for t in tensors]))
         del tensors  # freed while their reductions are still queued
-        images = decode_jpegs(batches[iteration % len(batches)].images, CUDA)
+        images = decode_jpegs(batches[iteration % len(batches)].images.files(), CUDA)
         checksums.append(torch.stack([i.to(torch.int64).sum() for i in images]))
     torch.cuda.synchronize()
     wrong = [i for i, r in enumerate(reductions) if not torch.equal(r, want)]
@@ -156,7 +157,10 @@ def test_gpu_decode_never_overwrites_memory_that_queued_kernels_still_read(jpeg_
 
 def test_gpu_decode_stream_matches_isolated_decodes_beside_training_kernels(jpeg_root: Path) -> None:
     """The decode thread's stream: decode and resize 240 batches while the main stream runs training-sized work."""
-    batches = [b._replace(images=[t.pin_memory() for t in b.images]) for b in _encoded_batches(jpeg_root, 32, 256)]
+    batches = [
+        b._replace(images=b.images._replace(data=b.images.data.pin_memory()))
+        for b in _encoded_batches(jpeg_root, 32, 256)
+    ]
     transform = eval_transform(64)
     decoder = JpegBatchDecoder(transform)
     expected = []

@@ -190,7 +190,7 @@ def test_with_decode_cuda_workers_hand_over_the_stored_jpeg_bytes(shards: Path, 
     split = ShardSplit(Location.parse(str(shards)), "val", None, gpu_decode=True, cache=_no_cache())
     plan = plan_loader(DataConfig(num_workers=0, batch_size=16), train=False, device_type="cpu")
     batches = list(make_loader(split, plan, train=False, seed=0))
-    images = [image for batch in batches for image in batch.images]
+    images = [image for batch in batches for image in batch.images.files()]  # one byte buffer per batch
     names = [name for batch in batches for name in batch.sources]
     assert len(images) == len(names) == 64 and all(image.dtype == torch.uint8 for image in images)
     root, path = names[0].rsplit(":", 1)

@@ -12,12 +12,14 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torchvision.io import ImageReadMode, decode_jpeg
-from torchvision.transforms import RandomResizedCrop as RandomResizedCropParams
 from torchvision.transforms import v2
 
+from imgtrain.data import batched
+from imgtrain.data.jpeg import EncodedBatch
 from imgtrain.data.samples import Batch
 from imgtrain.data.stages import StreamTimer
 from imgtrain.errors import RunError
@@ -159,12 +161,13 @@ class JpegBatchDecoder:
         self.random_crop = only if isinstance(only, v2.RandomResizedCrop) and bilinear else None
 
     def __call__(self, batch: Batch, device: torch.device) -> Batch:
-        decoded = decode_jpegs(batch.images, device) if batch.images else []
+        encoded: EncodedBatch = batch.images
+        decoded = decode_jpegs(encoded.files(), device)
         good = [i for i, image in enumerate(decoded) if isinstance(image, torch.Tensor)]
-        labels, skipped = batch.labels, list(batch.skipped)
+        labels, skipped, seeds = batch.labels, list(batch.skipped), encoded.seeds.numpy()
         skipped += [(batch.sources[i], image) for i, image in enumerate(decoded) if isinstance(image, str)]
         if self.drop and len(good) < len(decoded):
-            decoded, labels = [decoded[i] for i in good], labels[good]
+            decoded, labels, seeds = [decoded[i] for i in good], labels[good], seeds[good]
         elif not good and decoded:
             raise RunError(
                 f"no image of a batch of {len(decoded)} could be decoded on the GPU (e.g. {batch.sources[0]}: "
@@ -173,20 +176,21 @@ class JpegBatchDecoder:
         elif len(good) < len(decoded):
             labels = labels.clone()
             for i, image in enumerate(decoded):
-                if isinstance(image, str):
+                if isinstance(image, str):  # the stand-in's image and label, cropped by this sample's seed
                     stand_in = next((j for j in good if j > i), good[0])
                     decoded[i], labels[i] = decoded[stand_in], labels[stand_in]
         if not decoded:  # validation, every image unreadable: no images, and no labels (on the device as usual)
             return Batch(None, labels.to(device, non_blocking=True), tuple(skipped))
-        images = self._transform(decoded)
+        draws = batched.uniforms(seeds, batched.DRAWS)  # each sample's, from its seed: exact on a resume
+        images = self._transform(decoded, draws)
         if self.flip_p:
-            flip = torch.rand(images.shape[0], device=images.device) < self.flip_p
+            flip = torch.from_numpy(draws[:, -1] < self.flip_p).to(images.device, non_blocking=True)
             images = torch.where(flip[:, None, None, None], images.flip(-1), images)
         return Batch(images, labels.to(device, non_blocking=True), tuple(skipped))
 
-    def _transform(self, images: list[torch.Tensor]) -> torch.Tensor:
+    def _transform(self, images: list[torch.Tensor], draws: np.ndarray) -> torch.Tensor:
         if self.random_crop is not None:
-            return self._random_resized_crops(images, self.random_crop)
+            return self._random_resized_crops(images, self.random_crop, draws)
         if not self.same_for_all:
             return torch.stack([self.per_image(image) for image in images])
         by_size: dict[tuple[int, ...], list[int]] = {}
@@ -199,12 +203,19 @@ class JpegBatchDecoder:
         return torch.stack(out)
 
     @staticmethod
-    def _random_resized_crops(images: list[torch.Tensor], crop: v2.RandomResizedCrop) -> torch.Tensor:
-        """RandomResizedCrop's parameters (the host's generator, as the CPU path), then a crop view and one
-        antialiased bilinear interpolate per image; float32 out, in 0..255 like the uint8 batches."""
+    def _random_resized_crops(
+        images: list[torch.Tensor], crop: v2.RandomResizedCrop, draws: np.ndarray
+    ) -> torch.Tensor:
+        """RandomResizedCrop's boxes for the whole batch from the samples' draws (data/batched.py, as the CPU path;
+        the sizes are the decoded tensors', known on the host), then a crop view and one antialiased bilinear
+        interpolate per image; float32 out, in 0..255 like the uint8 batches."""
+        spec = batched.CropSpec(crop.size[0], tuple(crop.scale), tuple(crop.ratio))
+        heights = np.array([image.shape[-2] for image in images], dtype=np.int64)
+        widths = np.array([image.shape[-1] for image in images], dtype=np.int64)
         out = []
-        for image in images:
-            top, left, height, width = RandomResizedCropParams.get_params(image, crop.scale, crop.ratio)
+        for image, (top, left, height, width) in zip(
+            images, batched.random_boxes(heights, widths, draws, spec), strict=True
+        ):
             patch = image[None, :, top : top + height, left : left + width].float()
             out.append(F.interpolate(patch, size=list(crop.size), mode="bilinear", antialias=True))
         return torch.cat(out)

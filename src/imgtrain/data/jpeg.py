@@ -8,10 +8,37 @@ import torch
 
 
 class EncodedJpeg(NamedTuple):
-    """One undecoded JPEG file: its bytes as a uint8 tensor, and its path (named if the GPU cannot decode it)."""
+    """One undecoded JPEG file: its bytes as a uint8 tensor, its path (named if the GPU cannot decode it), and the
+    sample's augmentation seed (None where the sampler gives none: validation)."""
 
     data: torch.Tensor
     path: str
+    seed: int | None = None
+
+
+class EncodedBatch(NamedTuple):
+    """A batch of undecoded JPEGs as three tensors: one byte buffer (a worker hands over one shared-memory block,
+    not one per file), each file's length in it, and each sample's augmentation seed, from which the GPU side
+    draws its crop box and flip (data/batched.py): the same on a rerun and on a resume."""
+
+    data: torch.Tensor  # uint8 [total bytes]
+    lengths: torch.Tensor  # int64 [B]
+    seeds: torch.Tensor  # int64 [B]
+
+    @classmethod
+    def pack(cls, files: list[torch.Tensor], seeds: list[int | None] | None = None) -> EncodedBatch:
+        """Files (1-d uint8 tensors) and their seeds (a missing seed is the sample's position)."""
+        seeds = [i if s is None else s for i, s in enumerate(seeds or [None] * len(files))]
+        data = torch.cat(files) if files else torch.empty(0, dtype=torch.uint8)
+        return cls(data, torch.tensor([f.numel() for f in files], dtype=torch.int64), torch.tensor(seeds))
+
+    @property
+    def count(self) -> int:
+        return int(self.lengths.numel())
+
+    def files(self) -> list[torch.Tensor]:
+        """Each file's bytes: views into the buffer."""
+        return list(torch.split(self.data, self.lengths.tolist())) if self.count else []
 
 
 # Start-of-frame markers (baseline, extended, progressive, lossless; Huffman or arithmetic coded).

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from imgtrain.data import batched, stages
 from imgtrain.data.datasets import CorruptSampleError
-from imgtrain.data.jpeg import EncodedJpeg
+from imgtrain.data.jpeg import EncodedBatch, EncodedJpeg
 
 
 class Batch(NamedTuple):
@@ -42,7 +42,7 @@ def collate(items: list[Sample]) -> Batch:
     """default_collate for images and labels (it stacks into shared memory inside a worker), plus the skips and
     the stage times.
 
-    Undecoded files (EncodedJpeg, dataset.decode=cuda) stay a list of byte tensors, with their paths. Items
+    Undecoded files (EncodedJpeg, dataset.decode=cuda) are packed into one EncodedBatch, with their paths. Items
     GuardedSamples dropped (image None) are left out.
     """
     started = time.perf_counter()
@@ -52,7 +52,8 @@ def collate(items: list[Sample]) -> Batch:
         batch = Batch(None, torch.empty(0, dtype=torch.long), skipped)
     elif isinstance(kept[0][0], EncodedJpeg):
         labels = torch.tensor([label for _, label in kept])
-        batch = Batch([e.data for e, _ in kept], labels, skipped, tuple(e.path for e, _ in kept))
+        packed = EncodedBatch.pack([e.data for e, _ in kept], [e.seed for e, _ in kept])
+        batch = Batch(packed, labels, skipped, tuple(e.path for e, _ in kept))
     else:
         images, labels = default_collate(kept)
         batch = Batch(images, labels, skipped)
@@ -77,8 +78,12 @@ class GuardedSamples(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, item: int | tuple[int, int]) -> Sample:
-        """(image, label, the unreadable files met, (read, decode, augment, total) seconds or None)."""
-        return self._guarded(item, self._load)
+        """(image, label, the unreadable files met, (read, decode, augment, total) seconds or None). An undecoded
+        JPEG (dataset.decode=cuda) carries the sample's seed: the GPU side draws its crop and flip from it."""
+        image, *rest = self._guarded(item, self._load)
+        if isinstance(image, EncodedJpeg) and image.seed is None and isinstance(item, tuple):
+            image = image._replace(seed=item[1])
+        return (image, *rest)
 
     def __getitems__(self, items: list[int | tuple[int, int]]) -> list[Sample]:
         """A batch's samples (the DataLoader asks for a batch at once): each read and decoded on its own, then all

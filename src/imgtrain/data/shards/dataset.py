@@ -139,7 +139,8 @@ class ShardSplit(StreamingDataset):
             problem = jpeg_problem(record.data)
             if problem:
                 raise CorruptSampleError(record.name, problem)
-            return EncodedJpeg(torch.frombuffer(bytearray(record.data), dtype=torch.uint8), record.name), 0.0, 0.0
+            data = torch.frombuffer(bytearray(record.data), dtype=torch.uint8)
+            return EncodedJpeg(data, record.name, seed), 0.0, 0.0
         started = time.perf_counter()
         try:
             raw = decode_bytes(torch.frombuffer(bytearray(record.data), dtype=torch.uint8), record.name)
