@@ -121,15 +121,20 @@ def augment_batch(images: list[torch.Tensor], seeds: np.ndarray | None, spec: Cr
     """uint8 images [3, H, W] of any sizes -> uint8 [3, size, size] each: cropped and resized as `spec` says, flipped
     where each seed's draw says (`seeds` may be None for a spec without randomness). A list, which collate stacks
     into shared memory: the images are copied once, there."""
-    heights = np.array([image.shape[-2] for image in images], dtype=np.int64)
-    widths = np.array([image.shape[-1] for image in images], dtype=np.int64)
     random = spec.scale is not None or spec.flip_p > 0
     draws = uniforms(seeds, DRAWS) if random else None
     flips = draws[:, -1] < spec.flip_p if spec.flip_p > 0 else np.zeros(len(images), dtype=bool)
     if spec.scale is None:
         out = [_evaluation_crop(image, spec) for image in images]
         return [image.flip(-1) if flip else image for image, flip in zip(out, flips, strict=True)]
-    return _crop_resize_flip(images, random_boxes(heights, widths, draws, spec), flips, spec.size)
+    return _crop_resize_flip(images, image_boxes(images, draws, spec), flips, spec.size)
+
+
+def image_boxes(images: list[torch.Tensor], draws: np.ndarray, spec: CropSpec) -> np.ndarray:
+    """`random_boxes` for these images [..., H, W] (their sizes are host metadata: no sync on a GPU)."""
+    heights = np.array([image.shape[-2] for image in images], dtype=np.int64)
+    widths = np.array([image.shape[-1] for image in images], dtype=np.int64)
+    return random_boxes(heights, widths, draws, spec)
 
 
 def _crop_resize_flip(images: list[torch.Tensor], boxes: np.ndarray, flips: np.ndarray, size: int) -> list:

@@ -153,12 +153,11 @@ class JpegBatchDecoder:
         self.per_image = v2.Compose(steps)
         # Deterministic resizes and crops give every image of one size the same output: one call per size.
         self.same_for_all = all(isinstance(step, (v2.Resize, v2.CenterCrop)) for step in steps)
-        # A bilinear RandomResizedCrop alone: crop views and one interpolate call per image, ~10x less Python
-        # than the v2 transform per image (ResNet-50, 256 JPEGs of 384 px on an H100: see BENCHMARKS.md).
-        only = steps[0] if len(steps) == 1 else None
-        mode = getattr(only, "interpolation", None)  # an InterpolationMode, or its value as a string (0.29)
-        bilinear = str(getattr(mode, "value", mode)).lower() == "bilinear"
-        self.random_crop = only if isinstance(only, v2.RandomResizedCrop) and bilinear else None
+        # A bilinear RandomResizedCrop (the CPU path's batch spec): boxes from the seeds, crop views and one
+        # interpolate call per image, ~10x less Python than the v2 transform per image (ResNet-50, 256 JPEGs of
+        # 384 px on an H100: see BENCHMARKS.md).
+        spec = batched.spec_of(transform)
+        self.random_crop = spec if spec is not None and spec.scale is not None else None
 
     def __call__(self, batch: Batch, device: torch.device) -> Batch:
         encoded: EncodedBatch = batch.images
@@ -203,19 +202,12 @@ class JpegBatchDecoder:
         return torch.stack(out)
 
     @staticmethod
-    def _random_resized_crops(
-        images: list[torch.Tensor], crop: v2.RandomResizedCrop, draws: np.ndarray
-    ) -> torch.Tensor:
-        """RandomResizedCrop's boxes for the whole batch from the samples' draws (data/batched.py, as the CPU path;
-        the sizes are the decoded tensors', known on the host), then a crop view and one antialiased bilinear
-        interpolate per image; float32 out, in 0..255 like the uint8 batches."""
-        spec = batched.CropSpec(crop.size[0], tuple(crop.scale), tuple(crop.ratio))
-        heights = np.array([image.shape[-2] for image in images], dtype=np.int64)
-        widths = np.array([image.shape[-1] for image in images], dtype=np.int64)
+    def _random_resized_crops(images: list[torch.Tensor], spec: batched.CropSpec, draws: np.ndarray) -> torch.Tensor:
+        """RandomResizedCrop's boxes for the whole batch from the samples' draws (data/batched.py, as the CPU path),
+        then a crop view and one antialiased bilinear interpolate per image; float32 out, in 0..255 like the uint8
+        batches."""
         out = []
-        for image, (top, left, height, width) in zip(
-            images, batched.random_boxes(heights, widths, draws, spec), strict=True
-        ):
+        for image, (top, left, height, width) in zip(images, batched.image_boxes(images, draws, spec), strict=True):
             patch = image[None, :, top : top + height, left : left + width].float()
-            out.append(F.interpolate(patch, size=list(crop.size), mode="bilinear", antialias=True))
+            out.append(F.interpolate(patch, size=[spec.size, spec.size], mode="bilinear", antialias=True))
         return torch.cat(out)

@@ -25,7 +25,8 @@ class Batch(NamedTuple):
     """What the loaders yield: uint8 images [B, 3, H, W], labels [B], and the unreadable files replaced (training)
     or dropped (validation: then B may be smaller than the batch size, even 0, with `images` None).
 
-    With dataset.decode=cuda, `images` is a list of undecoded JPEGs (1-d uint8 tensors) and `sources` their paths.
+    With dataset.decode=cuda, `images` is an EncodedBatch (the undecoded JPEGs in one byte buffer, with their seeds)
+    and `sources` their paths.
     """
 
     images: Any
