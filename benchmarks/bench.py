@@ -358,6 +358,18 @@ def gpu_ceilings(bench: Bench, steps: int, warmup: int) -> list[dict]:
                 *_gpu_steps(steps, warmup, r18_images),
             )
         )
+    rows.append(  # where the batch is cropped: auto puts 32-px shapes on the GPU; this row keeps it in the workers
+        _gpu_row(
+            bench,
+            f"r18_dataloader_{LOADER_WORKERS[-1]}w_augment_in_workers",
+            f"ResNet-18 32 px: DataLoader path, {LOADER_WORKERS[-1]} workers, crops in the workers (auto: on the GPU)",
+            "dataset=shapes",
+            f"data.num_workers={LOADER_WORKERS[-1]}",
+            "data.augment_on=workers",
+            *R18,
+            *_gpu_steps(steps, warmup, r18_images),
+        )
+    )
     rows.append(
         _gpu_row(
             bench,
@@ -385,6 +397,7 @@ def gpu_jpeg(bench: Bench, steps: int, warmup: int, timm: dict | None) -> dict:
     names = {
         "r50_jpeg_cpu": f"ResNet-50 224 px bf16, JPEG folder, {workers} workers, CPU decode",
         "r50_jpeg_cuda": f"ResNet-50 224 px bf16, JPEG folder, {workers} workers, dataset.decode=cuda (nvJPEG)",
+        "r50_jpeg_cuda_compiled": "the same, system.compile=true (target >= 1.5x timm's train.py and > CPU decode)",
     }
     if not torch.cuda.is_available():  # no folder to generate: nothing here can run
         return {"rows": [_gpu_row(bench, key, target) for key, target in names.items()]}
@@ -395,14 +408,16 @@ def gpu_jpeg(bench: Bench, steps: int, warmup: int, timm: dict | None) -> dict:
     files = sum(1 for _ in (root / "train").rglob("*.jpg"))
     result = {
         "folder": {"root": str(root), "train_files": files, "mean_kb": _mean_kb(root), "image_px": JPEG_SIZE},
-        "rows": [
-            _gpu_row(bench, key, target, *common, f"dataset.decode={key.rsplit('_', 1)[1]}")
-            for key, target in names.items()
-        ],
+        "rows": [_gpu_row(bench, key, target, *common, *_jpeg_args(key)) for key, target in names.items()],
     }
     if timm:
         result["timm"] = run_timm(bench, root, workers, (steps, warmup, files // R50_BATCH), timm)
     return result
+
+
+def _jpeg_args(key: str) -> list[str]:
+    """r50_jpeg_<decode>[_compiled]: the decode, and torch.compile for the compiled row."""
+    return [f"dataset.decode={key.split('_')[2]}"] + (["system.compile=true"] if key.endswith("_compiled") else [])
 
 
 def _gpu_row(bench: Bench, key: str, target: str, *args: str) -> dict:

@@ -116,7 +116,12 @@ def _gpu_jpeg(result: dict) -> list[str]:
                 "| --- | ---: | ---: |",
                 f"| timm `train.py` ({timm['measured_steps']} steps) | {_rate(rate)} | — |",
             ]
-            for key, label in (("r50_jpeg_cpu", "ours, CPU decode"), ("r50_jpeg_cuda", "ours, dataset.decode=cuda")):
+            labels = {
+                "r50_jpeg_cpu": "ours, CPU decode",
+                "r50_jpeg_cuda": "ours, dataset.decode=cuda",
+                "r50_jpeg_cuda_compiled": "ours, dataset.decode=cuda, system.compile=true",
+            }
+            for key, label in labels.items():
                 if ours.get(key):
                     lines.append(f"| {label} | {_rate(ours[key])} | {ours[key] / rate:.2f}x |")
         lines += ["", f"timm's command: `{timm['command']}`"]

@@ -117,7 +117,7 @@ def test_gpu_decode_matches_the_cpu_decode_within_tolerance(jpeg_root: Path) -> 
     # The same holds after the validation transform, batched on the GPU, against the workers' CPU transform.
     transform = eval_transform(64)
     batch = Batch(EncodedBatch.pack(encoded), torch.zeros(len(paths), dtype=torch.long), (), tuple(paths))
-    decoded = JpegBatchDecoder(transform)(batch, CUDA).images.cpu().int()
+    decoded = JpegBatchDecoder(transform)(batch, CUDA).images.cpu().float().round().int()  # float16, 0..255
     workers = torch.stack([transform(decode_file(p)) for p in paths]).int()
     assert (decoded - workers).abs().float().mean().item() <= DECODE_MEAN_ABS_MAX
 
@@ -166,7 +166,7 @@ def test_gpu_decode_stream_matches_isolated_decodes_beside_training_kernels(jpeg
     expected = []
     for batch in batches:
         torch.cuda.synchronize()
-        expected.append(decoder(batch, CUDA).images.to(torch.int64).sum(dim=(1, 2, 3)))
+        expected.append(decoder(batch, CUDA).images.double().sum(dim=(1, 2, 3)))
         torch.cuda.synchronize()
     weight = torch.randn(4096, 4096, device=CUDA)
     checksums = []
@@ -174,9 +174,11 @@ def test_gpu_decode_stream_matches_isolated_decodes_beside_training_kernels(jpeg
         for batch in stream:
             for _ in range(4):
                 weight = torch.tanh(weight @ weight)
-            checksums.append(batch.images.to(torch.int64).sum(dim=(1, 2, 3)))
+            checksums.append(batch.images.double().sum(dim=(1, 2, 3)))
     torch.cuda.synchronize()
-    corrupted = [i for i, c in enumerate(checksums) if not torch.equal(c, expected[i % len(batches)])]
+    # float16 crops: a matmul on another stream may round differently; one overwritten row moves a sum by ~1%
+    close = lambda i, c: torch.allclose(c, expected[i % len(batches)], rtol=1e-4, atol=0)  # noqa: E731
+    corrupted = [i for i, c in enumerate(checksums) if not close(i, c)]
     assert len(checksums) == 240 and corrupted == []
 
 

@@ -128,11 +128,13 @@ def test_a_worker_killed_by_sigkill_ends_in_one_line_saved_and_the_same_command_
     _same_weights(straight, run_dir)
 
 
-@pytest.mark.slow  # three runs; the SIGTERM test above covers resume on the DataLoader path
-def test_device_resident_training_resumes_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.slow  # three runs each; the SIGTERM test above covers resume on the DataLoader path
+@pytest.mark.parametrize("device_path", ["data.device_resident=true", "data.augment_on=device"])
+def test_device_side_augmentation_resumes_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device_path) -> None:
     """A SIGTERM to this process during step 5: saved when that step ends (mid-epoch), then continued in the
-    same directory: the same weights as one uninterrupted run."""
-    args = [*RESUMABLE, "data.device_resident=true"]
+    same directory: the same weights as one uninterrupted run. Device-resident data, and batches cropped by
+    the device from each sample's plan (data.augment_on=device; on the CPU here, the same code)."""
+    args = [*RESUMABLE, device_path]
     _train(tmp_path / "straight", *args)
     real_step = Checkpointer.step
 

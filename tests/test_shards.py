@@ -17,9 +17,12 @@ from helpers import compose_cfg, read_metrics
 from shardhelpers import failure, pack, shards_args
 
 from imgtrain.config import DataConfig
+from imgtrain.config_fields import AugmentOn
+from imgtrain.data.datasets import eval_transform
 from imgtrain.data.folders import folder_splits
 from imgtrain.data.loader import plan_loader
 from imgtrain.data.pipeline import make_loader
+from imgtrain.data.samples import RawBatch
 from imgtrain.data.shards import convert as converter
 from imgtrain.data.shards import dataset as shards_dataset
 from imgtrain.data.shards.dataset import ShardError, ShardSplit
@@ -214,3 +217,20 @@ def test_a_shard_that_breaks_during_the_run_stops_it_in_one_line(
     gc.collect()  # what the next job of a sweep does: the failed run's workers must already be gone
     left = [child for child in psutil.Process().children() if child.pid not in before]
     assert time.monotonic() - started < 2 and not left, "DataLoader workers left running"
+
+
+def test_shard_batches_are_cropped_as_one_batch_in_the_workers_or_on_the_device(shards: Path) -> None:
+    """Shards take the folders' batched path: `collate` crops the decoded batch at once (data.augment_on=workers),
+    or sends it uncropped with its plans (device), and both give the same images within 1 level."""
+    split = ShardSplit(Location.parse(str(shards)), "val", eval_transform(24), gpu_decode=False, cache=_no_cache())
+    batches = {}
+    for place in (AugmentOn.workers, AugmentOn.device):
+        data = DataConfig(num_workers=0, val_batch_size=16, augment_on=place)
+        plan = plan_loader(data, train=False, device_type="cpu")
+        batches[place] = list(make_loader(split, plan, train=False, seed=0))
+    in_workers, on_device = batches[AugmentOn.workers], batches[AugmentOn.device]
+    assert len(in_workers) == len(on_device) == 4
+    for cropped, raw in zip(in_workers, on_device, strict=True):
+        assert cropped.images.shape == (16, 3, 24, 24) and isinstance(raw.images, RawBatch)
+        assert torch.equal(cropped.labels, raw.labels) and cropped.times.augment > 0
+        assert (raw.images.resampled() - cropped.images.float()).abs().max() <= 1.01

@@ -26,7 +26,7 @@ from imgtrain.config_datasets import (
     ShardsConfig,
     SyntheticConfig,
 )
-from imgtrain.config_fields import AUTO, TUNE, Choice, at_least, auto_or_bool, checked, is_int
+from imgtrain.config_fields import AUTO, TUNE, AugmentOn, Choice, at_least, auto_or_bool, checked, is_int
 from imgtrain.config_moved import moved_key_line
 from imgtrain.errors import ConfigError
 
@@ -126,6 +126,8 @@ class DataConfig:
     timeout: float = checked(0.0, at_least(0, "seconds", note="0 waits forever"))  # for a batch from a worker
     seed_workers: bool = True  # seed python/numpy/torch in each worker so augmentation is reproducible
     val_batch_size: int | None = checked(None, at_least(1, null=""))  # null: 2 x batch_size
+    # crop, resize and flip where: auto, workers or device (data/resample.py: two matmuls for the whole batch)
+    augment_on: AugmentOn = AugmentOn.auto
     device_resident: bool = False  # whole training set as one uint8 tensor on the device, batched crop/flip there
     prefetch_to_device: bool = True  # on CUDA with pin_memory: copy the next batch on a side stream
     max_bad_samples: int | None = checked(100, at_least(0, null="no limit"))

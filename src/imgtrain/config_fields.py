@@ -24,6 +24,14 @@ class Choice(str, Enum):
         return format(self.value, spec)
 
 
+class AugmentOn(Choice):
+    """Where a batch is cropped, resized and flipped (data.augment_on)."""
+
+    auto = "auto"  # on a CUDA device when the batch's images share a size near the crop's, else in the workers
+    workers = "workers"  # in the DataLoader workers, before the batch travels
+    device = "device"  # on the training device (CPU training: the training process), after it travels
+
+
 Check = Callable[[Any], str | None]  # None when the value is fine, else what is accepted
 
 

@@ -128,7 +128,7 @@ class EpochBatches:
             self.unreadable += len(batch.skipped)
             self.on_unreadable(batch.skipped)
             if batch.labels.shape[0]:  # validation drops unreadable images: a batch of them all has none left
-                with self.mark("h2d"):  # the copy (unless prefetched during the wait) and float conversion
+                with self.mark("h2d"):  # the copy (unless prefetched), a device crop (data.augment_on), to float
                     on_device = self.feed.to_model(batch)
                 yield on_device
 

@@ -31,6 +31,7 @@ from torchvision.transforms import v2
 MAX_TRIES = 10  # RandomResizedCrop's attempts at a box inside the image before it falls back to the centre crop
 ROI_ALIGN_MAX_SIDE = 40  # px: up to here one roi_align call for a group of same-size images beats a call per image
 DRAWS = 2 * MAX_TRIES + 3  # uniforms per sample: scale and ratio per try, top, left, flip
+CIFAR_PAD = 4  # pixels of zero padding before the random crop (the CIFAR recipe)
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,18 @@ def spec_of(transform: Any) -> CropSpec | None:
     if len(steps) == 1 and isinstance(steps[0], v2.RandomResizedCrop) and _square(steps[0].size):
         crop = steps[0]
         return CropSpec(crop.size[0], tuple(crop.scale), tuple(crop.ratio), flip_p)
-    if len(steps) == 1 and isinstance(steps[0], v2.Resize) and _square(steps[0].size) and len(steps[0].size) == 2:
+    if len(steps) == 1 and isinstance(steps[0], v2.Resize) and square_bilinear_resize(steps[0]):
         return CropSpec(steps[0].size[0], flip_p=flip_p)
     if len(steps) == 2 and isinstance(steps[0], v2.Resize) and isinstance(steps[1], v2.CenterCrop):
         resize, crop = steps[0].size, steps[1].size
         if len(resize) == 1 and steps[0].max_size is None and _square(crop):
             return CropSpec(crop[0], flip_p=flip_p, resize=resize[0])
     return None
+
+
+def square_bilinear_resize(step: v2.Resize) -> bool:
+    """A Resize of both sides to one size, bilinear and antialiased: the one resize the batch paths apply."""
+    return len(step.size) == 2 and _square(step.size) and _bilinear(step)
 
 
 def _bilinear(step: Any) -> bool:
@@ -172,3 +178,20 @@ def _evaluation_crop(image: torch.Tensor, spec: CropSpec) -> torch.Tensor:
     if spec.resize is None:
         return F.resize(image, [spec.size, spec.size], antialias=True)
     return F.center_crop(F.resize(image, [spec.resize], antialias=True), [spec.size, spec.size])
+
+
+def pad_crop_flip(images: torch.Tensor, seeds: torch.Tensor, pad: int = CIFAR_PAD) -> torch.Tensor:
+    """Per-sample random crop (after `pad` pixels of zeros) and horizontal flip, batched, on the images' device.
+
+    The offsets and flips come from each sample's seed, so they are the same whatever the batch or device.
+    """
+    n, channels, height, width = images.shape
+    span = 2 * pad + 1
+    dx, dy, flip = seeds % span, (seeds // span) % span, (seeds // (span * span)) % 2 == 1
+    padded = torch.nn.functional.pad(images, (pad, pad, pad, pad))
+    rows = (dy[:, None] + torch.arange(height, device=images.device))[:, None, :, None]
+    cols = (dx[:, None] + torch.arange(width, device=images.device))[:, None, None, :]
+    batch = torch.arange(n, device=images.device)[:, None, None, None]
+    chan = torch.arange(channels, device=images.device)[None, :, None, None]
+    crops = padded[batch, chan, rows, cols]
+    return torch.where(flip[:, None, None, None], crops.flip(-1), crops)

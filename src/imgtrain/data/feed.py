@@ -20,15 +20,15 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from imgtrain.data import batched
 from imgtrain.data.gpu_decode import GpuJpegBatches
 from imgtrain.data.samplers import EpochSampler
-from imgtrain.data.samples import Batch
+from imgtrain.data.samples import Batch, RawBatch
 from imgtrain.data.stages import StreamTimer
 from imgtrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-RESIDENT_PAD = 4  # pixels of zero padding before the random crop (the CIFAR recipe)
 RESIDENT_MAX_SHARE = 0.5  # of free device (or host) memory the uint8 training set may take
 
 
@@ -100,6 +100,8 @@ class Feed:
         with self.copy_timer.span() if timed else contextlib.nullcontext():
             images = batch.images.to(self.device, non_blocking=self.non_blocking)
             labels = batch.labels.to(self.device, non_blocking=self.non_blocking)
+        if isinstance(images, RawBatch):  # data.augment_on=device: crop, resize and flip the batch here
+            images = images.resampled()
         images = images.to(dtype=torch.float32, memory_format=self.memory_format)
         return (images - self.mean) / self.std, labels
 
@@ -198,23 +200,6 @@ def check_fits(num_images: int, image_size: int, device: torch.device) -> None:
         )
 
 
-def pad_crop_flip(images: torch.Tensor, seeds: torch.Tensor, pad: int = RESIDENT_PAD) -> torch.Tensor:
-    """Per-sample random crop (after `pad` pixels of zeros) and horizontal flip, batched, on the images' device.
-
-    The offsets and flips come from each sample's seed, so they are the same whatever the batch or device.
-    """
-    n, channels, height, width = images.shape
-    span = 2 * pad + 1
-    dx, dy, flip = seeds % span, (seeds // span) % span, (seeds // (span * span)) % 2 == 1
-    padded = torch.nn.functional.pad(images, (pad, pad, pad, pad))
-    rows = (dy[:, None] + torch.arange(height, device=images.device))[:, None, :, None]
-    cols = (dx[:, None] + torch.arange(width, device=images.device))[:, None, None, :]
-    batch = torch.arange(n, device=images.device)[:, None, None, None]
-    chan = torch.arange(channels, device=images.device)[None, :, None, None]
-    crops = padded[batch, chan, rows, cols]
-    return torch.where(flip[:, None, None, None], crops.flip(-1), crops)
-
-
 class ResidentLoader:
     """Batches gathered from a device-resident training set, augmented on the device, with no worker.
 
@@ -248,7 +233,7 @@ class ResidentLoader:
             index = order[start : start + self.batch_size]
             images = self.images[index]
             if self.augment:
-                images = pad_crop_flip(images, seeds[start : start + self.batch_size])
+                images = batched.pad_crop_flip(images, seeds[start : start + self.batch_size])
             yield Batch(images, self.labels[index])
 
 

@@ -14,11 +14,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torchvision.io import ImageReadMode, decode_jpeg
-from torchvision.transforms import v2
 
-from imgtrain.data import batched
+from imgtrain.data import batched, resample
 from imgtrain.data.jpeg import EncodedBatch
 from imgtrain.data.samples import Batch
 from imgtrain.data.stages import StreamTimer
@@ -148,16 +146,10 @@ class JpegBatchDecoder:
 
     def __init__(self, transform: Any, drop: bool = False) -> None:
         self.drop = drop
-        steps = list(transform.transforms) if isinstance(transform, v2.Compose) else [transform]
-        self.flip_p = steps.pop().p if steps and isinstance(steps[-1], v2.RandomHorizontalFlip) else 0.0
-        self.per_image = v2.Compose(steps)
-        # Deterministic resizes and crops give every image of one size the same output: one call per size.
-        self.same_for_all = all(isinstance(step, (v2.Resize, v2.CenterCrop)) for step in steps)
-        # A bilinear RandomResizedCrop (the CPU path's batch spec): boxes from the seeds, crop views and one
-        # interpolate call per image, ~10x less Python than the v2 transform per image (ResNet-50, 256 JPEGs of
-        # 384 px on an H100: see BENCHMARKS.md).
-        spec = batched.spec_of(transform)
-        self.random_crop = spec if spec is not None and spec.scale is not None else None
+        # The transforms built in data/datasets.py: the whole batch cropped, resized and flipped in two matmuls
+        # (data/resample.py). Any other transform: applied to each image, then stacked.
+        self.spec = batched.spec_of(transform)
+        self.per_image = transform
 
     def __call__(self, batch: Batch, device: torch.device) -> Batch:
         encoded: EncodedBatch = batch.images
@@ -180,34 +172,13 @@ class JpegBatchDecoder:
                     decoded[i], labels[i] = decoded[stand_in], labels[stand_in]
         if not decoded:  # validation, every image unreadable: no images, and no labels (on the device as usual)
             return Batch(None, labels.to(device, non_blocking=True), tuple(skipped))
-        draws = batched.uniforms(seeds, batched.DRAWS)  # each sample's, from its seed: exact on a resume
-        images = self._transform(decoded, draws)
-        if self.flip_p:
-            flip = torch.from_numpy(draws[:, -1] < self.flip_p).to(images.device, non_blocking=True)
-            images = torch.where(flip[:, None, None, None], images.flip(-1), images)
+        images = self._transform(decoded, seeds)
         return Batch(images, labels.to(device, non_blocking=True), tuple(skipped))
 
-    def _transform(self, images: list[torch.Tensor], draws: np.ndarray) -> torch.Tensor:
-        if self.random_crop is not None:
-            return self._random_resized_crops(images, self.random_crop, draws)
-        if not self.same_for_all:
+    def _transform(self, images: list[torch.Tensor], seeds: np.ndarray) -> torch.Tensor:
+        """The batch as the split's transform makes it: float in 0..255 (the per-image fallback: uint8)."""
+        if self.spec is None:
             return torch.stack([self.per_image(image) for image in images])
-        by_size: dict[tuple[int, ...], list[int]] = {}
-        for i, image in enumerate(images):
-            by_size.setdefault(tuple(image.shape), []).append(i)
-        out: list[torch.Tensor | None] = [None] * len(images)
-        for indices in by_size.values():
-            for i, image in zip(indices, self.per_image(torch.stack([images[i] for i in indices])), strict=True):
-                out[i] = image
-        return torch.stack(out)
-
-    @staticmethod
-    def _random_resized_crops(images: list[torch.Tensor], spec: batched.CropSpec, draws: np.ndarray) -> torch.Tensor:
-        """RandomResizedCrop's boxes for the whole batch from the samples' draws (data/batched.py, as the CPU path),
-        then a crop view and one antialiased bilinear interpolate per image; float32 out, in 0..255 like the uint8
-        batches."""
-        out = []
-        for image, (top, left, height, width) in zip(images, batched.image_boxes(images, draws, spec), strict=True):
-            patch = image[None, :, top : top + height, left : left + width].float()
-            out.append(F.interpolate(patch, size=[spec.size, spec.size], mode="bilinear", antialias=True))
-        return torch.cat(out)
+        # Each sample's box and flip from its seed (exact on a resume), its size from the decoded shape
+        plan = resample.plan_batch(*resample.sizes_of(images), seeds, self.spec)
+        return resample.resample(resample.canvas(images), torch.from_numpy(plan), self.spec.size)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from imgtrain.config import AUTO, TUNE, DataConfig
+from imgtrain.config import AUTO, TUNE, AugmentOn, DataConfig
 from imgtrain.data.samplers import EpochSampler, ShardSampler
 from imgtrain.data.samples import GuardedSamples, collate
 from imgtrain.host import available_cpus
@@ -110,6 +110,7 @@ class LoaderPlan:
     device_resident: bool = False
     prefetch_to_device: bool = False  # effective value: CUDA, pinned memory and data.prefetch_to_device
     stage_timings: bool = True  # data.stage_timings: each batch carries its stage seconds
+    augment_on: AugmentOn = AugmentOn.workers  # effective value: auto is the workers' off CUDA
 
     def describe(self) -> dict[str, Any]:
         """JSON-friendly view of the arguments (for logs, metrics.json and TensorBoard hparams)."""
@@ -118,6 +119,7 @@ class LoaderPlan:
         shown["seed_workers"] = self.seed_workers
         shown["device_resident"] = self.device_resident
         shown["prefetch_to_device"] = self.prefetch_to_device
+        shown["augment_on"] = str(self.augment_on)
         return shown
 
 
@@ -177,7 +179,13 @@ def plan_loader(
         device_resident=data.device_resident and train,
         prefetch_to_device=data.prefetch_to_device and kwargs["pin_memory"] and not (data.device_resident and train),
         stage_timings=data.stage_timings,
+        augment_on=_augment_on(data.augment_on, device_type),
     )
+
+
+def _augment_on(augment_on: AugmentOn, device_type: str) -> AugmentOn:
+    """data.augment_on's effective value: auto leaves the CPU's work in the workers off CUDA."""
+    return AugmentOn.workers if augment_on == AugmentOn.auto and device_type != "cuda" else augment_on
 
 
 def _start_method(data: DataConfig, process_group: bool, notes: list[str]) -> str | None:
@@ -232,5 +240,5 @@ def build_loader(
         kwargs["sampler"] = train_sampler(len(dataset), plan, seed=seed, rank=rank, world_size=world_size)
     elif world_size > 1:
         kwargs["sampler"] = ShardSampler(len(dataset), rank, world_size)
-    samples = GuardedSamples(dataset, replace=train, timed=plan.stage_timings)
+    samples = GuardedSamples(dataset, replace=train, timed=plan.stage_timings, augment_on=plan.augment_on)
     return DataLoader(samples, generator=generator, collate_fn=collate, **kwargs)

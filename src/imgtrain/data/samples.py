@@ -16,9 +16,15 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
-from imgtrain.data import batched, stages
+from imgtrain.config_fields import AugmentOn
+from imgtrain.data import batched, resample, stages
 from imgtrain.data.datasets import CorruptSampleError
 from imgtrain.data.jpeg import EncodedBatch, EncodedJpeg
+
+# data.augment_on=auto: a batch of one image size goes to the device uncropped when its images hold at most this
+# many times the pixels of the crops: more bytes through shared memory, pinning and PCIe than the crops (up to
+# 2x), for a worker freed of the crop and resize (BENCHMARKS.md, "Augmenting on the device")
+DEVICE_AUGMENT_MAX_AREA = 2.0
 
 
 class Batch(NamedTuple):
@@ -26,7 +32,7 @@ class Batch(NamedTuple):
     or dropped (validation: then B may be smaller than the batch size, even 0, with `images` None).
 
     With dataset.decode=cuda, `images` is an EncodedBatch (the undecoded JPEGs in one byte buffer, with their seeds)
-    and `sources` their paths.
+    and `sources` their paths. With data.augment_on=device, a RawBatch (decoded, not yet cropped).
     """
 
     images: Any
@@ -36,6 +42,48 @@ class Batch(NamedTuple):
     times: stages.BatchTimes | tuple = ()  # the batch's stage seconds (empty with data.stage_timings=false)
 
 
+class Uncropped(NamedTuple):
+    """A decoded image whose crop, resize and flip `collate` does for the whole batch: in the worker, or by the
+    device (data.augment_on), with the draws from `seed` (None: a transform without randomness)."""
+
+    image: torch.Tensor
+    seed: int | None
+    spec: batched.CropSpec
+    augment_on: AugmentOn
+
+
+class RawImage(NamedTuple):
+    """A decoded image left uncropped for the device (data.augment_on=device): uint8 [3, H, W], and its crop,
+    resize and flip as one plan row (data/resample.py)."""
+
+    image: torch.Tensor
+    plan: np.ndarray
+    size: int
+
+
+class RawBatch(NamedTuple):
+    """A batch of RawImages: uint8 [B, 3, H, W] (images of other sizes padded, each at the top left), the plans
+    [B, 11] and the output side. It moves like a tensor (`to`, `record_stream`); `resampled` crops it there."""
+
+    images: torch.Tensor
+    plan: torch.Tensor
+    size: int
+
+    @property
+    def device(self) -> torch.device:
+        return self.images.device
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> RawBatch:
+        return self._replace(images=self.images.to(device, non_blocking=non_blocking), plan=self.plan.to(device))
+
+    def record_stream(self, stream: Any) -> None:
+        self.images.record_stream(stream)
+
+    def resampled(self) -> torch.Tensor:
+        """Float [B, 3, size, size] in 0..255, on the images' device (two batched matmuls, data/resample.py)."""
+        return resample.resample(self.images, self.plan, self.size)
+
+
 Sample = tuple[Any, int, tuple[tuple[str, str], ...], tuple[float, float, float, float] | None]
 
 
@@ -43,14 +91,20 @@ def collate(items: list[Sample]) -> Batch:
     """default_collate for images and labels (it stacks into shared memory inside a worker), plus the skips and
     the stage times.
 
+    Uncropped images are cropped, resized and flipped here for the whole batch, or left for the device (RawBatch).
     Undecoded files (EncodedJpeg, dataset.decode=cuda) are packed into one EncodedBatch, with their paths. Items
     GuardedSamples dropped (image None) are left out.
     """
+    items = augmented(items)
     started = time.perf_counter()
     skipped = tuple(record for _, _, records, _ in items for record in records)
     kept = [(image, label) for image, label, _, _ in items if image is not None]
     if not kept:
         batch = Batch(None, torch.empty(0, dtype=torch.long), skipped)
+    elif isinstance(kept[0][0], RawImage):
+        plans = torch.from_numpy(np.stack([raw.plan for raw, _ in kept]))
+        raw = RawBatch(resample.canvas([raw.image for raw, _ in kept]), plans, kept[0][0].size)
+        batch = Batch(raw, torch.tensor([label for _, label in kept]), skipped)
     elif isinstance(kept[0][0], EncodedJpeg):
         labels = torch.tensor([label for _, label in kept])
         packed = EncodedBatch.pack([e.data for e, _ in kept], [e.seed for e, _ in kept])
@@ -60,6 +114,40 @@ def collate(items: list[Sample]) -> Batch:
         batch = Batch(images, labels, skipped)
     timed = [times for *_, times in items if times is not None]
     return batch._replace(times=stages.batch_times(timed, started)) if timed else batch
+
+
+def augmented(items: list[Sample]) -> list[Sample]:
+    """The batch's Uncropped images cropped, resized and flipped in one call (data/batched.py), or as RawImages with
+    their plans when the device is to do it; the call's time is split evenly over the images' augment stage."""
+    kept = [i for i, item in enumerate(items) if isinstance(item[0], Uncropped)]
+    if not kept:
+        return items
+    started = time.perf_counter()
+    uncropped: list[Uncropped] = [items[i][0] for i in kept]
+    images, spec = [u.image for u in uncropped], uncropped[0].spec
+    seeds = None if uncropped[0].seed is None else np.array([u.seed for u in uncropped], dtype=np.int64)
+    if _on_device(images, spec, uncropped[0].augment_on):
+        plans = resample.plan_batch(*resample.sizes_of(images), seeds, spec)
+        images = [RawImage(image, plan, spec.size) for image, plan in zip(images, plans, strict=True)]
+    else:
+        images = batched.augment_batch(images, seeds, spec)
+    share = (time.perf_counter() - started) / len(kept)
+    items = list(items)
+    for image, i in zip(images, kept, strict=True):
+        _, label, skipped, times = items[i]
+        if times is not None:
+            times = (times[0], times[1], times[2] + share, times[3] + share)
+        items[i] = (image, label, skipped, times)
+    return items
+
+
+def _on_device(images: list[torch.Tensor], spec: batched.CropSpec, augment_on: AugmentOn) -> bool:
+    """data.augment_on for this batch: auto sends it uncropped when its images share one size near the crop's."""
+    if augment_on != AugmentOn.auto:
+        return augment_on == AugmentOn.device
+    height, width = images[0].shape[-2:]
+    one_size = all(image.shape == images[0].shape for image in images)
+    return one_size and height * width <= DEVICE_AUGMENT_MAX_AREA * spec.size**2
 
 
 class GuardedSamples(Dataset):
@@ -72,8 +160,10 @@ class GuardedSamples(Dataset):
 
     MAX_IN_A_ROW = 16  # more consecutive unreadable files than this is a broken dataset, not a bad file
 
-    def __init__(self, dataset: Dataset, replace: bool = True, timed: bool = True) -> None:
-        self.dataset, self.replace, self.timed = dataset, replace, timed
+    def __init__(
+        self, dataset: Dataset, replace: bool = True, timed: bool = True, augment_on: AugmentOn = AugmentOn.workers
+    ) -> None:
+        self.dataset, self.replace, self.timed, self.augment_on = dataset, replace, timed, augment_on
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -87,25 +177,20 @@ class GuardedSamples(Dataset):
         return (image, *rest)
 
     def __getitems__(self, items: list[int | tuple[int, int]]) -> list[Sample]:
-        """A batch's samples (the DataLoader asks for a batch at once): each read and decoded on its own, then all
-        cropped, resized and flipped in one call (data/batched.py) when the dataset's transform allows it, with
-        each sample's draws from its seed; otherwise each sample as `__getitem__` gives it."""
+        """A batch's samples (the DataLoader asks for a batch at once): each read and decoded on its own and, when
+        the dataset's transform allows it, left Uncropped for `collate` to crop, resize and flip as one batch
+        (or the device, data.augment_on), each with its seed; otherwise each sample as `__getitem__` gives it.
+        In-memory datasets give the whole batch at once (`batch_items`)."""
+        if getattr(self.dataset, "batchable", False):
+            indices, seeds = [_index_of(item) for item in items], [_seed_of(item) for item in items]
+            return self.dataset.batch_items(indices, seeds, self.timed)
         spec = getattr(self.dataset, "crop_spec", None)
         if spec is None:
             return [self[item] for item in items]
         samples = [self._guarded(item, self._decoded) for item in items]
-        kept = [i for i, sample in enumerate(samples) if sample[0] is not None]
-        if not kept:
-            return samples
-        started = time.perf_counter()
-        seeds = np.array([_seed_of(items[i]) for i in kept], dtype=np.int64)
-        images = batched.augment_batch([samples[i][0] for i in kept], seeds, spec)
-        share = (time.perf_counter() - started) / len(kept)  # the batch's augment time, split evenly
-        for row, i in enumerate(kept):
-            _, label, skipped, times = samples[i]
-            if times is not None:
-                times = (times[0], times[1], times[2] + share, times[3] + share)
-            samples[i] = (images[row], label, skipped, times)
+        for i, (image, label, skipped, times) in enumerate(samples):
+            if image is not None:  # cropped, resized and flipped with the whole batch by `collate`
+                samples[i] = (Uncropped(image, _seed_of(items[i]), spec, self.augment_on), label, skipped, times)
         return samples
 
     def _guarded(self, item: int | tuple[int, int], load: Callable[[int, int | None], Any]) -> Sample:
@@ -131,6 +216,10 @@ class GuardedSamples(Dataset):
 
     def _decoded(self, index: int, seed: int | None) -> tuple[torch.Tensor, int]:
         return self.dataset.decoded(index)
+
+
+def _index_of(item: int | tuple[int, int | None]) -> int:
+    return item[0] if isinstance(item, tuple) else item
 
 
 def _seed_of(item: int | tuple[int, int | None]) -> int:

@@ -2,8 +2,9 @@
 
 LitData picks the order (whole chunks dealt to the ranks and their workers, shuffled per epoch, samples shuffled
 inside each chunk) and fetches and caches the chunks; everything after the read is the folder path's: each
-sample is decoded and augmented in the worker (`ShardSplit.__getitem__`), timed stage by stage, with its own
-augmentation seed, and an unreadable image is replaced (training) or dropped (validation) and counted.
+sample is decoded in the worker (`ShardSplit.__getitem__`), the batch cropped, resized and flipped at once by
+`collate` (or on the device: data.augment_on), timed stage by stage, each sample with its own augmentation seed,
+and an unreadable image is replaced (training) or dropped (validation) and counted.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import torch
 from litdata import StreamingDataset
 from litdata.streaming.sampler import ChunkedIndex
 
+from imgtrain.config_fields import AugmentOn
+from imgtrain.data import batched
 from imgtrain.data.datasets import (
     DECODE_ERRORS,
     CorruptSampleError,
@@ -29,7 +32,7 @@ from imgtrain.data.datasets import (
 )
 from imgtrain.data.jpeg import EncodedJpeg, jpeg_problem
 from imgtrain.data.samplers import sample_seed
-from imgtrain.data.samples import GuardedSamples, Sample, seeded
+from imgtrain.data.samples import GuardedSamples, Sample, Uncropped, seeded
 from imgtrain.data.shards import engine
 from imgtrain.data.shards.manifest import SPLITS, Manifest, check_files, read_manifest
 from imgtrain.data.shards.store import Location, Store
@@ -65,6 +68,7 @@ class ShardSplit(StreamingDataset):
         # Set by ShardLoader before its workers start: training (augmentation seeds, replacing unreadable images)
         # or validation (dropping them), and whether samples are timed (data.stage_timings).
         self.train, self.timed = False, True
+        self.augment_on = AugmentOn.workers  # where the batch is cropped: the loader plan's (data.augment_on)
         self._previous: tuple[int, Record] | None = None  # (epoch, the last readable record of this worker)
 
     def __getitem__(self, index: ChunkedIndex | int) -> Sample | dict:
@@ -147,6 +151,9 @@ class ShardSplit(StreamingDataset):
         except DECODE_ERRORS as error:
             raise CorruptSampleError(record.name, error_reason(error)) from None
         decoded = time.perf_counter()
+        spec = batched.spec_of(self.image_transform)
+        if spec is not None:  # cropped, resized and flipped with the whole batch by `collate` (data/samples.py)
+            return Uncropped(raw, seed, spec, self.augment_on), decoded - started, 0.0
         transform = self.image_transform
         image = (transform(raw) if seed is None else seeded(seed, transform, raw)).contiguous()
         return image, decoded - started, time.perf_counter() - decoded

@@ -81,6 +81,7 @@ class ShardLoader:
         replan: Callable[[int], LoaderPlan] | None = None,
     ):
         dataset.train, dataset.timed, dataset.seed = train, plan.stage_timings, seed  # before the workers start
+        dataset.augment_on = plan.augment_on
         self.dataset, self.seed, self.rank, self.replicas, self.replan = dataset, seed, rank, world_size, replan
         self.topology = Topology(world_size, plan.kwargs["num_workers"], plan.kwargs["batch_size"])
         self.workers = self.topology.num_workers  # of the loader below
