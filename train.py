@@ -12,8 +12,8 @@ register()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> float:
-    """Train with the composed config; return the metric a sweeper optimises."""
+def main(cfg: DictConfig) -> float | str:
+    """Train with the composed config; return the metric a sweeper optimises (or, as text, why there is none)."""
     with one_line_errors():  # bad input or a failure: one `error:` line and its exit status
         return run(cfg)
 

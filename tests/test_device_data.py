@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import compose_cfg
 
 from imgtrain.data.batched import pad_crop_flip
 from imgtrain.data.feed import ResidentLoader
 from imgtrain.data.jpeg import EncodedBatch
 from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.samples import Batch
+from imgtrain.data.shapes import ensure_shapes
+from imgtrain.errors import RunError
+from imgtrain.run import run
 
 
 def test_pad_crop_flip_matches_a_per_image_reference() -> None:
@@ -236,3 +241,25 @@ def test_gpu_decode_crops_follow_each_samples_seed(tmp_path) -> None:
     assert torch.equal(decoder(later, cpu).images, whole[8:])
     other_seeds = collate(samples.__getitems__([(i, 200 + i) for i in range(16)]))
     assert not torch.equal(decoder(other_seeds, cpu).images, whole)
+
+
+def test_device_resident_leaves_unreadable_images_out_counts_them_and_keeps_the_budget(tmp_path, data_dir) -> None:
+    """An image folder with one garbage JPEG, data.device_resident=true: the run trains on the others and names
+    the file in metrics.json as the streaming path does; with data.max_bad_samples=0, one line before any step."""
+    root = Path(ensure_shapes(str(tmp_path / "folder"), 32, 80, 20, 0))
+    bad = sorted((root / "train").rglob("*.jpg"))[5]
+    bad.write_bytes(b"\xff\xd8\xff\xe0" + bytes(range(256)) * 8)  # a JPEG's first marker, then garbage
+    args = ["dataset=imagefolder", f"dataset.root={root}", "dataset.image_size=32", "metrics.compute_probe=false"]
+    args += ["metrics.skip_first_steps=1", "metrics.log_every_n_steps=2", "metrics.monitor_interval_s=0.1"]
+    args += ["data.device_resident=true", "data.batch_size=16", "data.num_workers=0", "train.max_steps=4"]
+    run(compose_cfg(*args, output_dir=str(tmp_path / "run")))
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["steps"] == 4 and metrics["unreadable_files_count"] == 1 and metrics["skipped_samples"] == 1
+    assert metrics["unreadable_files"][0]["path"] == str(bad)
+    with pytest.raises(RunError) as refused:
+        run(compose_cfg(*args, "data.max_bad_samples=0", output_dir=str(tmp_path / "strict")))
+    line = str(refused.value)
+    assert (
+        "\n" not in line and line.startswith("data.max_bad_samples=0 exceeded: 1 training images") and str(bad) in line
+    )
+    assert not (tmp_path / "strict" / "metrics.json").exists()

@@ -17,6 +17,7 @@ from imgtrain.data import stages
 from imgtrain.data.datasets import build_shapes
 from imgtrain.data.feed import Feed
 from imgtrain.data.samples import GuardedSamples, collate
+from imgtrain.host import CpuBudget
 from imgtrain.metrics import report
 from imgtrain.metrics.pipeline import PipelineMeter
 from imgtrain.metrics.spread import Rate
@@ -224,7 +225,7 @@ class Images(Dataset):
 
 @pytest.mark.slow  # 6 probes of about a second each
 def test_a_slow_dataset_makes_tune_choose_more_workers_than_a_fast_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tune, "available_cpus", lambda: 2)
+    monkeypatch.setattr(tune, "cpu_budget", lambda: CpuBudget(affinity=2, quota=None))
     settings = validate(compose_cfg(*FAST, "data.batch_size=8", "data.tune_budget_s=4"))
     feed = Feed(torch.device("cpu"), torch.zeros(1, 3, 1, 1), torch.ones(1, 3, 1, 1), torch.contiguous_format, False)
     info = dist.DistInfo(rank=0, local_rank=0, world_size=1, local_world_size=1)

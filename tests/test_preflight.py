@@ -13,10 +13,12 @@ import pytest
 import torch
 from helpers import compose_cfg
 
-from imgtrain import dist
-from imgtrain.config import validate
+from imgtrain import dist, host, tune
+from imgtrain.config import DataConfig, validate
+from imgtrain.data.loader import plan_loader
 from imgtrain.data.pipeline import build_data
-from imgtrain.environment import ProbePaths, cpu_quota, fingerprint, jpeg_decoders, mount_of, parse_cpu_max
+from imgtrain.environment import ProbePaths, fingerprint, jpeg_decoders, mount_of
+from imgtrain.host import cpu_quota, parse_cpu_max
 from imgtrain.preflight import LoaderLoad, check_cpus, check_filesystem, check_threads, preflight, warnings_for
 
 CPU = torch.device("cpu")
@@ -165,3 +167,26 @@ def test_the_jpeg_libraries_of_this_process() -> None:
     if _mapped("libnvjpeg"):  # a CUDA build of torchvision: nvJPEG answers without a GPU
         assert decoder["nvjpeg"].split(".")[0].isdigit()
     assert jpeg_decoders("cpu")["nvjpeg"] is None  # only asked when dataset.decode=cuda
+
+
+def test_auto_and_tune_count_a_containers_cpu_quota_and_say_so(tmp_path: Path, monkeypatch) -> None:
+    """A container's view: 16 CPUs in the affinity mask, a cgroup v2 quota of 2.5 CPUs (docker --cpus=2.5).
+    auto gives 1 worker (2 whole CPUs, one kept for training), tune probes up to 2, and the log says why."""
+    (tmp_path / "v2" / "docker" / "abc").mkdir(parents=True)
+    (tmp_path / "v2" / "docker" / "abc" / "cpu.max").write_text("250000 100000\n")
+    (tmp_path / "cgroup").write_text("0::/docker/abc\n")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(host, "CGROUP_FILE", str(tmp_path / "cgroup"))
+    monkeypatch.setattr(host, "CGROUP_ROOT", str(tmp_path / "v2"))
+    budget = host.cpu_budget()
+    assert (budget.affinity, budget.quota, budget.usable) == (16, 2.5, 2) and host.available_cpus() == 2
+    plan = plan_loader(DataConfig(num_workers="auto"), train=True, device_type="cpu")
+    assert plan.kwargs["num_workers"] == 1
+    assert (
+        "2 CPUs available to this process, set by the cgroup CPU quota of 2.5 CPUs (16 in the affinity mask)"
+        in (plan.notes[0])
+    )
+    assert tune.worker_candidates(local_world_size=1)[0] == [0, 1, 2]
+    (tmp_path / "v2" / "docker" / "abc" / "cpu.max").write_text("max 100000\n")  # no quota: the mask counts
+    assert host.cpu_budget().usable == 16 and "the CPU affinity mask" in host.cpu_budget().limited_by
+    assert plan_loader(DataConfig(num_workers="auto"), train=True, device_type="cpu").kwargs["num_workers"] == 15

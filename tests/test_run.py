@@ -11,7 +11,7 @@ from helpers import compose_cfg
 
 from imgtrain.errors import ConfigError
 from imgtrain.model import resolve_precision
-from imgtrain.run import run
+from imgtrain.run import NotMeasured, run
 
 SYNTHETIC = [
     "dataset=synthetic",
@@ -48,8 +48,15 @@ def test_max_steps_stops_mid_epoch_and_validates_all(tmp_path: Path) -> None:
 
 
 def test_a_run_too_short_to_measure_says_why(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    _, metrics = _run(tmp_path, "train.max_steps=3", "metrics.skip_first_steps=5")
+    """...in metrics.json, on the console, and as the objective: not NaN (which ends an Optuna search) but the
+    reason, which no sweeper can mistake for a figure."""
+    value, metrics = _run(
+        tmp_path, "train.max_steps=3", "metrics.skip_first_steps=5", "optimized_metric=images_per_sec"
+    )
     assert metrics["images_per_sec"] is None
+    assert isinstance(value, NotMeasured) and value == f"images_per_sec not measured: {metrics['images_per_sec_note']}"
+    with pytest.raises(ValueError):
+        float(value)
     note = metrics["images_per_sec_note"]
     assert "all 3 steps of this run were warm-up steps (metrics.skip_first_steps=5)" in note and "max_steps" in note
     assert f"images/s (steady state)      {note}" in capsys.readouterr().out

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import FAST, ROOT, _env, _wait_for, compose_cfg, run_train
+from helpers import CONF_DIR, FAST, ROOT, _env, _wait_for, compose_cfg, run_train
+from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from imgtrain.errors import RunEnded
@@ -23,7 +24,7 @@ from imgtrain.metrics import report, spread
 from imgtrain.run import run
 from imgtrain.sweep_plot import plot
 from imgtrain.sweep_rank import MIN_GAIN, cheapest, decision, drift
-from imgtrain.sweep_report import SweepReport, rank, read_job, reproduce_command
+from imgtrain.sweep_report import SweepReport, build_report, collect, rank, read_job, recipe_note, reproduce_command
 
 # The sweeps override data.num_workers. A window per step: 6 steady windows of 8 steps, enough for an interval.
 SWEEP = [*FAST, "metrics.log_every_n_steps=1"]
@@ -273,8 +274,6 @@ def test_the_plot_is_drawn_for_one_window_and_for_a_job_without_a_figure(tmp_pat
     """A short sweep: one steady window per job, too few to rank (the median unrounded, the window rounded in
     metrics.json), and a job too short for any window. It used to end with "'yerr' must not contain negative
     values" and no PNG."""
-    from imgtrain.sweep_report import build_report
-
     for num, (median, windows) in enumerate([(101.234567, [101.23]), (99.4449, [99.44]), (None, [])]):
         folder = tmp_path / str(num)
         (folder / ".hydra").mkdir(parents=True)
@@ -345,9 +344,6 @@ def _mixed_sweep(sweep: Path) -> None:
 
 
 def _drawn(sweep: Path):
-    from imgtrain.sweep_plot import plot
-    from imgtrain.sweep_report import collect
-
     rows, swept = collect(sweep)
     best = rank(rows)
     return best, plot(None, rows, swept, best)  # drawn, not saved: saving is what build_report tests
@@ -566,3 +562,57 @@ def test_one_ranked_job_is_not_called_fastest(tmp_path: Path) -> None:
     fig = plot(None, [short, long], ["data.num_workers"], best)
     rate_ax = next(ax for ax in fig.axes if ax.get_title() == "Throughput")
     assert [text.get_text().split("\n")[0] for text in rate_ax.texts] == ["job 1: the only one ranked"]
+
+
+def test_a_recommendation_that_changes_the_batch_size_says_it_changes_the_recipe(tmp_path: Path) -> None:
+    for job, (batch, mean) in enumerate(((32, 100), (64, 150), (256, 300))):
+        windows = _series(mean, 3, seed=job)
+        _fake_job(tmp_path, job, [f"data.batch_size={batch}", "data.num_workers=2"], {"rate": mean, "windows": windows})
+    best = build_report(tmp_path)
+    assert best["overrides"]["data.batch_size"] == "256"
+    note = recipe_note(collect(tmp_path)[0], best)
+    assert note.startswith("Note: the recommended setting trains with data.batch_size=256 (others: 32, 64)")
+    assert "optim.lr x 256/B" in note and "hparams_search=loader" in note
+    assert note in (tmp_path / "sweep_summary.md").read_text()
+    same = tmp_path / "same"
+    for job, workers in enumerate((0, 2)):
+        windows = _series(100 + 50 * job, 3, seed=job)
+        _fake_job(same, job, ["data.batch_size=64", f"data.num_workers={workers}"], {"rate": 1.0, "windows": windows})
+    assert recipe_note(collect(same)[0], build_report(same)) == ""  # one batch size: the loader alone changed
+
+
+def test_the_loader_search_keeps_the_batch_size_unless_asked() -> None:
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        loader = compose("config", overrides=["hparams_search=loader"], return_hydra_config=True).hydra.sweeper
+        both = compose("config", overrides=["hparams_search=loader_and_batch"], return_hydra_config=True).hydra.sweeper
+    assert "data.batch_size" not in loader.params and "data.batch_size" in both.params
+    assert set(loader.params) < set(both.params) and loader.max_failure_rate == both.max_failure_rate == 1.0
+
+
+@pytest.mark.slow  # a multirun of real train.py processes
+def test_an_optuna_trial_too_short_to_measure_is_a_failed_trial_and_the_search_goes_on(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """Trials of 2 steps (both warm-up: no figure) and of 8, drawn by the search's seeded TPE sampler (its first
+    trials are random; this seed draws both). The short ones are recorded as failed trials with their reason,
+    the search finishes, Optuna's best is a measured one and the report lists every job."""
+    sweep = tmp_path / "sweep"
+    args = [
+        "hparams_search=loader",
+        "hydra.sweeper.sampler.seed=0",
+        "hydra.sweeper.n_trials=3",
+        "train.max_steps=choice(2,8)",
+        *SWEEP,
+    ]
+    args += ["train.epochs=4", "data.batch_size=32", "data.num_workers=0", "data.pin_memory=false"]
+    args += ["data.prefetch_factor=2"]
+    result = _sweep(args, sweep, data_dir)
+    assert "Failed experiment: Return value must be float-castable. Got 'images_per_sec not measured: " in (
+        result.stdout + result.stderr
+    )
+    results = (sweep / "optimization_results.yaml").read_text()
+    assert "train.max_steps: 8" in results
+    rows = _csv_rows(sweep)
+    assert len(rows) == 3 and {row["train.max_steps"] for row in rows} == {"2", "8"}
+    short = next(row for row in rows if row["train.max_steps"] == "2")
+    assert short["images_per_sec"] == "" and "warm-up" in (sweep / "sweep_summary.md").read_text()

@@ -23,7 +23,7 @@ import torch
 import torchvision
 from PIL import features
 
-from imgtrain.host import available_cpus
+from imgtrain.host import cpu_budget, cpu_quota
 
 T = TypeVar("T")
 
@@ -56,42 +56,6 @@ def guarded(probe: Callable[..., T], *args: Any) -> T | None:
 
 
 # ----------------------------------------------------------------------------- CPUs
-def parse_cpu_max(text: str) -> float | None:
-    """CPUs a cgroup v2 `cpu.max` ("200000 100000", or "max 100000") allows; None without a quota."""
-    quota, period = (text.split() + ["100000"])[:2]
-    return None if quota == "max" else int(quota) / int(period)
-
-
-def _v2_quota(directory: Path) -> float | None:
-    return parse_cpu_max((directory / "cpu.max").read_text())
-
-
-def _v1_quota(directory: Path) -> float | None:
-    quota = int((directory / "cpu.cfs_quota_us").read_text())
-    return None if quota < 0 else quota / int((directory / "cpu.cfs_period_us").read_text())
-
-
-def _ancestors(root: Path, cgroup: str) -> list[Path]:
-    """root/a/b, root/a, root for cgroup path /a/b: a parent's quota bounds its children too."""
-    parts = [p for p in cgroup.strip().split("/") if p]
-    return [root.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
-
-
-def cpu_quota(cgroup_file: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
-    """CPUs this process's cgroup may use (cgroup v2 cpu.max, v1 cpu.cfs_quota_us); the tightest along the
-    hierarchy, None when no quota is set (or there are no cgroups)."""
-    quotas: list[float | None] = []
-    for line in Path(cgroup_file).read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":  # cgroup v2: one hierarchy at root
-            quotas += [guarded(_v2_quota, d) for d in _ancestors(Path(root), path)]
-        elif "cpu" in controllers.split(","):  # cgroup v1: the cpu controller's own mount
-            for mount in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
-                quotas += [guarded(_v1_quota, d) for d in _ancestors(Path(root) / mount, path)]
-    found = [q for q in quotas if q is not None]
-    return min(found) if found else None
-
-
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
     """The first "model name" in /proc/cpuinfo (x86; None elsewhere)."""
     with open(cpuinfo) as f:
@@ -197,7 +161,7 @@ def fingerprint(device: torch.device, decode: str, data_root: str | None, paths:
     soft, hard = guarded(open_files_limit) or (None, None)
     shm_total, shm_free = guarded(shm_space, paths.shm) or (None, None)
     mount, fstype = (guarded(mount_of, data_root, paths.mountinfo) if data_root else None) or (None, None)
-    affinity, quota = available_cpus(), guarded(cpu_quota, paths.cgroup, paths.cgroup_root)
+    affinity, quota = cpu_budget().affinity, guarded(cpu_quota, paths.cgroup, paths.cgroup_root)
     return {
         "hostname": guarded(socket.gethostname),
         "python": platform.python_version(),

@@ -188,6 +188,13 @@ class Faults:
         log.warning("non-finite loss at step %d: step skipped (%d so far)", step, self.counts.nonfinite_steps)
         return False
 
+    def left_out(self, skipped: tuple[tuple[str, str], ...]) -> None:
+        """Unreadable files a device-resident training set left out before training: every rank read the same
+        ones, so they count once; a resumed run then restores the counts its checkpoint saved."""
+        self.counts.skipped_samples += len(skipped)
+        for path, reason in skipped:
+            self.counts.unreadable_files.setdefault(path, reason)
+
     def unreadable(self, skipped: tuple[tuple[str, str], ...]) -> None:
         """Unreadable files replaced in a batch of this rank: logged by path, counted at the next window."""
         self.bad.report(skipped)

@@ -82,7 +82,7 @@ def check_cpus(workers: int, local_ranks: int, affinity: int, quota: float | Non
     quota_binds = quota is not None and quota < affinity
     where = f"a cgroup CPU quota of {quota:g}" if quota_binds else "the CPU affinity"
     fits = max(0, math.floor(cpus / local_ranks) - 1)
-    auto = " (data.num_workers=auto counts the affinity, not the quota)" if quota_binds else ""
+    auto = " (data.num_workers=auto counts the quota too)" if quota_binds else ""
     return (
         f"{need} busy processes ({_processes(local_ranks)} x (data.num_workers={workers} + 1)) on {cpus:g} CPU(s) "
         f"allowed by {where}: they will time-share the cores. Use data.num_workers={fits}{auto}"

@@ -41,12 +41,23 @@ from imgtrain.sweep_report import STOPPED, build_report
 log = logging.getLogger(__name__)
 
 
-def run(cfg: DictConfig) -> float:
-    """Train as `cfg` says and return the metric named by `optimized_metric` (what a sweep optimises).
+class NotMeasured(str):
+    """A job's objective when it has no figure (a failed job, or one too short to measure): the reason.
+
+    Not NaN: hydra-optuna-sweeper hands a NaN to Optuna, which rejects it, then tells the same trial again as failed
+    and that raises, ending the whole search. A value that is not float-castable is recorded as a failed trial,
+    with this text in the sweeper's warning, and the search goes on (conf/hparams_search sets max_failure_rate
+    so that such trials are no error). The basic sweeper ignores the value; the sweep report lists the job with
+    its reason either way."""
+
+
+def run(cfg: DictConfig) -> float | NotMeasured:
+    """Train as `cfg` says and return the metric named by `optimized_metric` (what a sweep optimises), or why
+    there is none (NotMeasured).
 
     A job that fails leaves `failed.json` (with the reason) in its run directory, so nothing there looks like a
-    finished run. In a multirun it then returns NaN, so the sweep goes on and its report shows the failure as a
-    row; a single run raises as usual. A stop signal (`faults.Preempted`) ends a sweep too.
+    finished run. In a multirun it then returns NotMeasured, so the sweep goes on and its report shows the failure
+    as a row; a single run raises as usual. A stop signal (`faults.Preempted`) ends a sweep too.
     """
     try:
         settings = validate(cfg)  # every value is checked before any data is touched
@@ -61,9 +72,15 @@ def run(cfg: DictConfig) -> float:
         if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN):
             raise
         log.error("job failed: %s", message)
-        return float("nan")
-    value = summary.get(str(settings.optimized_metric))
-    return float("nan") if value is None else float(value)
+        return NotMeasured(f"the job failed: {message}")
+    metric = str(settings.optimized_metric)
+    value = summary.get(metric)
+    if value is None or not math.isfinite(float(value)):
+        why = summary.get(f"{metric}_note") or f"the run gives {metric}={value} (mode={settings.mode})"
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:  # a sweep's objective
+            log.warning("%s not measured: %s", metric, why)
+        return NotMeasured(f"{metric} not measured: {why}")
+    return float(value)
 
 
 def _end_sweep(stop: Preempted) -> None:
@@ -142,6 +159,7 @@ def _train_locked(
         *(device, precision, info.world_size, epochs, steps_per_epoch, total_steps),
     )
     faults = Faults(settings.faults.nonfinite, settings.data.max_bad_samples, device, alone=not info.enabled)
+    faults.left_out(data.left_out)
     checkpointer = Checkpointer(settings, out_dir, info, faults)
     faults.signals.last_checkpoint = checkpointer.last_checkpoint  # what a second Ctrl-C names as it exits
     checkpointer.attach(base, step, total_steps, order=data.order)

@@ -84,6 +84,7 @@ def _optional(metrics: dict[str, Any]) -> dict[str, Any]:
     return {**values, "pipeline": pipeline, "tune": tune, "environment": _dict(metrics.get("environment"))}
 
 
+BATCH_KEY = "data.batch_size"  # part of the training recipe: a sweep over it says so (recipe_note)
 STOPPED = "stopped.json"  # a job a stop signal ended (its checkpoint saved): it ends the sweep too
 
 
@@ -199,6 +200,7 @@ def write_reports(sweep_dir: Path, rows: list[dict[str, Any]], swept: list[str],
     if ceilings(rows):
         lines += ["", ceilings(rows)]
     lines += ["", decision(rows, _settings(swept), best), drift(rows)]
+    lines += [note for note in (recipe_note(rows, best),) if note]
     if best is not None:
         lines += [f"Reproduce: `{reproduce_command(best)}`"]
     if machine_lines(rows):
@@ -212,6 +214,23 @@ def write_reports(sweep_dir: Path, rows: list[dict[str, Any]], swept: list[str],
 def _settings(swept: list[str]) -> list[str]:
     """The swept keys that make a setting (the repeat index does not)."""
     return [key for key in swept if key != REPEAT_KEY] or swept
+
+
+def recipe_note(rows: list[dict[str, Any]], best: dict | None) -> str:
+    """When the jobs differ in data.batch_size, the recommendation changes the training recipe, not only the
+    loader: say so, and what to scale (hparams_search=loader_and_batch, or a batch size swept by hand)."""
+    sizes = sorted({int(row["overrides"][BATCH_KEY]) for row in rows if BATCH_KEY in row["overrides"]})
+    if best is None or len(sizes) < 2 or BATCH_KEY not in best["overrides"]:
+        return ""
+    chosen = int(best["overrides"][BATCH_KEY])
+    others = ", ".join(str(size) for size in sizes if size != chosen)
+    return (
+        f"Note: the recommended setting trains with {BATCH_KEY}={chosen} (others: {others}). That changes the "
+        f"training recipe, not only the loader: a recipe tuned at batch size B needs optim.lr x {chosen}/B (the "
+        "linear scaling rule), BatchNorm sees other batch statistics, and images/s alone does not show whether "
+        f"it converges as well: check val_acc before adopting it, or keep {BATCH_KEY} fixed "
+        "(hparams_search=loader does)."
+    )
 
 
 def reproduce_command(row: dict[str, Any]) -> str:
@@ -265,6 +284,8 @@ def print_summary(rows: list[dict[str, Any]], swept: list[str], best: dict | Non
         print(line)
     print(decision(rows, _settings(swept), best))
     print(drift(rows))
+    if recipe_note(rows, best):
+        print(recipe_note(rows, best))
     if best is None:
         print()
         return

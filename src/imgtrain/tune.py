@@ -24,7 +24,7 @@ from imgtrain.data.failures import stop_workers
 from imgtrain.data.feed import Feed
 from imgtrain.data.loader import LoaderPlan
 from imgtrain.data.pipeline import make_loader, plan_with_workers
-from imgtrain.host import available_cpus
+from imgtrain.host import CpuBudget, available_cpus, cpu_budget
 from imgtrain.metrics.report import INPUT_BOUND_WAIT
 from imgtrain.metrics.spread import MIN_WINDOWS, Rate, indistinguishable
 
@@ -112,6 +112,12 @@ def _bounds(rate: Rate) -> tuple[float, float]:
     return rate.interval if rate.interval is not None else (rate.median, rate.median)
 
 
+def worker_candidates(local_world_size: int) -> tuple[list[int], CpuBudget]:
+    """The worker counts to probe, from this process's share of the CPUs (affinity and cgroup quota alike)."""
+    cpus = cpu_budget()
+    return worker_counts(max(1, cpus.usable // max(1, local_world_size))), cpus
+
+
 def tune_workers(
     dataset: Any, settings: Config, feed: Feed, info: dist.DistInfo, model_rate: Callable[[float], Rate]
 ) -> dict[str, Any]:
@@ -125,11 +131,14 @@ def tune_workers(
     Returns the probe table, the model's rate, the chosen count, why and how sure, for loader_args.json and
     metrics.json.
     """
-    share = max(1, available_cpus() // max(1, info.local_world_size))
-    counts = worker_counts(share)
+    counts, cpus = worker_candidates(info.local_world_size)
+    share = counts[-1]  # this process's share of the CPUs: the largest count probed
     budget = settings.data.tune_budget_s
     seconds = max(MIN_PROBE_S, budget / (MIN_WINDOWS * (len(counts) + 1)) * (1 - STARTUP_SHARE))
-    log.info("data.num_workers=tune: probing the model alone and %s workers, %.1f s each per round", counts, seconds)
+    log.info(
+        "data.num_workers=tune: probing the model alone and %s workers, %.1f s each per round (%d CPUs, set by %s)",
+        *(counts, seconds, cpus.usable, cpus.limited_by),
+    )
     samples: dict[int, list[float]] = {workers: [] for workers in counts}
     compute: list[float] = []
     started, rounds = time.perf_counter(), 0

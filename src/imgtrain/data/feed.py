@@ -12,7 +12,7 @@ import contextlib
 import copy
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,9 +23,9 @@ from torch.utils.data import DataLoader, Dataset
 from imgtrain.data import batched
 from imgtrain.data.gpu_decode import GpuJpegBatches
 from imgtrain.data.samplers import EpochSampler
-from imgtrain.data.samples import Batch, RawBatch
+from imgtrain.data.samples import Batch, GuardedSamples, RawBatch, collate
 from imgtrain.data.stages import StreamTimer
-from imgtrain.errors import ConfigError
+from imgtrain.errors import ConfigError, RunError
 
 log = logging.getLogger(__name__)
 
@@ -173,16 +173,38 @@ class DeviceBatches:
 # ----------------------------------------------------------------------------- device-resident data
 def materialize(
     dataset: Dataset, transform: Any, device: torch.device, workers: int, start_method: str | None = None
-) -> tuple[torch.Tensor, ...]:
-    """Decode a whole dataset once with a deterministic `transform`: (uint8 images [N,3,S,S], labels [N]).
-    `start_method`: how the workers start, the plan's (forkserver under torchrun, see data/loader.py)."""
+) -> tuple[torch.Tensor, torch.Tensor, tuple[tuple[str, str], ...]]:
+    """Decode a whole dataset once with a deterministic `transform`: (uint8 images [N,3,S,S], labels [N], the
+    unreadable files left out as (path, reason)). Through GuardedSamples and collate, as the DataLoader path reads
+    (whole batches cropped at once), with unreadable files dropped as validation drops them. `start_method`: how
+    the workers start, the plan's (forkserver under torchrun, see data/loader.py)."""
     fixed = copy.copy(dataset)
     fixed.transform = transform
+    samples = GuardedSamples(fixed, replace=False, timed=False)
+    context = start_method if workers else None
     loader = DataLoader(
-        fixed, batch_size=256, num_workers=workers, multiprocessing_context=start_method if workers else None
+        samples, batch_size=256, num_workers=workers, multiprocessing_context=context, collate_fn=collate
     )
-    images, labels = zip(*loader, strict=True)
-    return torch.cat(images).to(device), torch.cat(labels).to(device)
+    batches = list(loader)
+    skipped = tuple(record for batch in batches for record in batch.skipped)
+    kept = [batch for batch in batches if batch.images is not None]
+    if not kept:
+        shown = f" (e.g. {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+        raise RunError(f"data.device_resident=true: no training image could be read{shown}")
+    images, labels = torch.cat([b.images for b in kept]), torch.cat([b.labels for b in kept])
+    return images.to(device), labels.to(device), skipped
+
+
+def check_budget(skipped: tuple[tuple[str, str], ...], limit: int | None) -> None:
+    """data.max_bad_samples applied to the files left out of a device-resident training set (before any step)."""
+    if limit is None or len(skipped) <= limit:
+        return
+    shown = "; ".join(f"{path}: {reason}" for path, reason in skipped[:3])
+    raise RunError(
+        f"data.max_bad_samples={limit} exceeded: {len(skipped)} training images could not be read for "
+        f"data.device_resident=true (e.g. {shown}). Fix or remove those files, or raise data.max_bad_samples "
+        "(null = no limit)"
+    )
 
 
 def check_fits(num_images: int, image_size: int, device: torch.device) -> None:
@@ -245,7 +267,7 @@ def _to(device: torch.device, array: Any) -> torch.Tensor:
 
 def build_resident(
     bundle: Any,
-    sampler: EpochSampler,
+    make_sampler: Callable[[int], EpochSampler],
     batch_size: int,
     *,
     drop_last: bool,
@@ -253,13 +275,19 @@ def build_resident(
     workers: int,
     start_method: str | None,
     augment: bool,
-) -> ResidentLoader:
+    max_bad_samples: int | None,
+) -> tuple[ResidentLoader, tuple[tuple[str, str], ...]]:
     """The training split on `device`, decoded once with the validation transform (square, image_size), with
-    `workers` DataLoader workers started by `start_method` for that one pass."""
+    `workers` DataLoader workers started by `start_method` for that one pass; and the unreadable files left out
+    (within data.max_bad_samples). The order samples what was read: `make_sampler(count)`."""
     check_fits(len(bundle.train), bundle.image_size, device)
-    images, labels = materialize(bundle.train, bundle.val.transform, device, workers, start_method)
+    images, labels, skipped = materialize(bundle.train, bundle.val.transform, device, workers, start_method)
+    check_budget(skipped, max_bad_samples)
+    for path, reason in skipped:
+        log.warning("data.device_resident=true: left out an unreadable image: %s: %s", path, reason)
     log.info(
-        "data.device_resident=true: %d training images on %s (%.2f GB uint8); crops and flips run there, batched",
-        *(images.shape[0], device, images.numel() / 1e9),
+        "data.device_resident=true: %d training images on %s (%.2f GB uint8)%s; crops and flips run there, batched",
+        *(images.shape[0], device, images.numel() / 1e9, f", {len(skipped)} unreadable left out" if skipped else ""),
     )
-    return ResidentLoader(images, labels, sampler, batch_size, drop_last=drop_last, augment=augment)
+    loader = ResidentLoader(images, labels, make_sampler(len(labels)), batch_size, drop_last=drop_last, augment=augment)
+    return loader, skipped

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from imgtrain.config import AUTO, TUNE, AugmentOn, DataConfig
 from imgtrain.data.samplers import EpochSampler, ShardSampler
 from imgtrain.data.samples import GuardedSamples, collate
-from imgtrain.host import available_cpus
+from imgtrain.host import available_cpus, cpu_budget
 
 log = logging.getLogger(__name__)
 
@@ -137,10 +137,11 @@ def plan_loader(
     notes: list[str] = []
     workers = data.num_workers
     if workers in (AUTO, TUNE):  # tune: the probe before training replaces auto's count (its fallback)
-        workers = auto_num_workers(local_world_size)
+        cpus = cpu_budget()
+        workers = auto_num_workers(local_world_size, cpus.usable)
         notes.append(
-            f"data.num_workers={data.num_workers} -> {workers} ({available_cpus()} CPUs available to this process, "
-            f"{local_world_size} process(es) on this node, one core kept for the training process)"
+            f"data.num_workers={data.num_workers} -> {workers} ({cpus.usable} CPUs available to this process, set by "
+            f"{cpus.limited_by}; {local_world_size} process(es) on this node, one core kept for the training process)"
             + (" until the probe before training chooses" if data.num_workers == TUNE else "")
         )
     kwargs: dict[str, Any] = {

@@ -39,6 +39,7 @@ class RunData:
     loader_args: dict[str, dict[str, Any]]  # the effective DataLoader arguments, per split
     feed: Feed
     settings: DataConfig  # data.*: what the failure explanations name
+    left_out: tuple[tuple[str, str], ...] = ()  # data.device_resident: unreadable training files, (path, reason)
 
     @property
     def replicas(self) -> int:
@@ -229,19 +230,21 @@ def build_data(
             f"{len(bundle.train)} images with data.drop_last=true: lower it or set drop_last=false"
         )
     batch_size = train_plan.kwargs["batch_size"]
+    left_out: tuple[tuple[str, str], ...] = ()  # unreadable files a device-resident training set left out
     if settings.mode == Mode.compute:  # the compute ceiling: no loader at all, one batch already on the device
         # train.max_steps steps in one pass: the dataset's size does not cut a ceiling measurement short
         train_loader = DeviceBatches.random(bundle, batch_size, settings.train.max_steps or len(train_loader), device)
     elif train_plan.device_resident:
-        train_loader = build_resident(
+        train_loader, left_out = build_resident(
             bundle,
-            train_sampler(len(bundle.train), train_plan, seed=seed, **shard),
+            lambda count: train_sampler(count, train_plan, seed=seed, **shard),
             batch_size,
             drop_last=train_plan.kwargs["drop_last"],
             device=device,
             workers=train_plan.kwargs["num_workers"],
             start_method=train_plan.kwargs.get("multiprocessing_context"),
             augment=settings.dataset.augment,
+            max_bad_samples=settings.data.max_bad_samples,
         )
     feed = Feed.build(
         bundle,
@@ -252,6 +255,6 @@ def build_data(
         gpu_decode=gpu_decode,
         timed=settings.data.stage_timings,
     )
-    data = RunData(bundle, train_loader, val_loader, loader_args, feed, settings.data)
+    data = RunData(bundle, train_loader, val_loader, loader_args, feed, settings.data, left_out)
     save_loader_args(data, info, out_dir)
     return data
