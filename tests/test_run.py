@@ -54,7 +54,7 @@ def test_a_run_too_short_to_measure_says_why(tmp_path: Path, capsys: pytest.Capt
         tmp_path, "train.max_steps=3", "metrics.skip_first_steps=5", "optimized_metric=images_per_sec"
     )
     assert metrics["images_per_sec"] is None
-    assert isinstance(value, NotMeasured) and value == f"images_per_sec not measured: {metrics['images_per_sec_note']}"
+    assert isinstance(value, NotMeasured) and value.startswith("images_per_sec not measured: all 3 steps")
     with pytest.raises(ValueError):
         float(value)
     note = metrics["images_per_sec_note"]

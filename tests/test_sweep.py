@@ -616,3 +616,17 @@ def test_an_optuna_trial_too_short_to_measure_is_a_failed_trial_and_the_search_g
     assert len(rows) == 3 and {row["train.max_steps"] for row in rows} == {"2", "8"}
     short = next(row for row in rows if row["train.max_steps"] == "2")
     assert short["images_per_sec"] == "" and "warm-up" in (sweep / "sweep_summary.md").read_text()
+
+
+@pytest.mark.slow  # a multirun of a real train.py process
+def test_a_search_with_no_measured_trial_ends_in_the_report_and_one_line(tmp_path: Path, data_dir: Path) -> None:
+    """Optuna has no best trial then, and the plugin would end in its traceback before the report: instead the
+    report is written and one line says why (hydra_plugins/imgtrain_optuna)."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "hparams_search=loader", "hydra.sweeper.n_trials=1", "train.max_steps=2", *SWEEP]
+    args += ["data.num_workers=0", "data.pin_memory=false", "data.prefetch_factor=2", f"hydra.sweep.dir={sweep}"]
+    result = run_train(args, sweep / "unused", data_dir, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: no trial of the search was measured") and "train.max_steps" in line
+    assert "warm-up" in (sweep / "sweep_summary.md").read_text()

@@ -77,6 +77,7 @@ def run(cfg: DictConfig) -> float | NotMeasured:
     value = summary.get(metric)
     if value is None or not math.isfinite(float(value)):
         why = summary.get(f"{metric}_note") or f"the run gives {metric}={value} (mode={settings.mode})"
+        why = why.removeprefix("not measured: ")
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:  # a sweep's objective
             log.warning("%s not measured: %s", metric, why)
         return NotMeasured(f"{metric} not measured: {why}")

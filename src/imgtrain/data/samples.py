@@ -22,8 +22,9 @@ from imgtrain.data.datasets import CorruptSampleError
 from imgtrain.data.jpeg import EncodedBatch, EncodedJpeg
 
 # data.augment_on=auto: a batch of one image size goes to the device uncropped when its images hold at most this
-# many times the pixels of the crops: more bytes through shared memory, pinning and PCIe than the crops (up to
-# 2x), for a worker freed of the crop and resize (BENCHMARKS.md, "Augmenting on the device")
+# many times the pixels of the crops: up to 2x the crops' bytes through shared memory, pinning and PCIe, for a
+# worker freed of the crop and resize (1.3x the images per busy worker core at 32 px; BENCHMARKS.md, 2026-11-24
+# 22:25). A rule until a GPU run compares the two places (bench.py's r18_dataloader rows).
 DEVICE_AUGMENT_MAX_AREA = 2.0
 
 
