@@ -71,9 +71,12 @@ def _centre_offset(resized: np.ndarray, size: int) -> np.ndarray:
 def resample(images: torch.Tensor, plan: torch.Tensor, size: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """images [B, 3, H, W] (any dtype, each image at the top left of the canvas) -> [B, 3, size, size] in `dtype`,
     0..255: each cropped, resized and flipped as its plan row says. `dtype`: float32 on the CPU, float16 on CUDA
-    by default (tensor cores, half the canvas; values up to 255 stay within 0.25 of float32)."""
+    by default (tensor cores, half the canvas; measured with the CPU's float16 matmul, within 0.26 levels
+    of float32 and 1.125 of torchvision's uint8 kernel; CUDA's rounding is not yet measured)."""
     dtype = dtype or (torch.float16 if images.device.type == "cuda" else torch.float32)
-    plan = plan.to(images.device, torch.float32)
+    if plan.device != images.device and images.device.type == "cuda" and not plan.is_pinned():
+        plan = plan.pin_memory()  # a copy from pageable memory would wait for the stream's queued kernels
+    plan = plan.to(images.device, non_blocking=True).float()
     rows = axis_weights(plan[:, :AXIS_FIELDS], size, images.shape[-2]).to(dtype)
     cols = axis_weights(plan[:, AXIS_FIELDS : 2 * AXIS_FIELDS], size, images.shape[-1])
     cols = torch.where(plan[:, -1, None, None] > 0.5, cols.flip(1), cols).to(dtype)

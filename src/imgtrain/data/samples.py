@@ -2,7 +2,8 @@
 
 `GuardedSamples` wraps a Dataset: it seeds each sample's augmentation, handles unreadable files (replaced in
 training, dropped in validation) and, when the DataLoader asks for a whole batch (`__getitems__`), decodes each
-sample on its own and augments the batch in one call (data/batched.py). `collate` makes the `Batch` the loop
+sample on its own and leaves it Uncropped. `collate` crops, resizes and flips the batch in one call
+(data/batched.py), or leaves that to the device (RawBatch, data/resample.py), and makes the `Batch` the loop
 receives, with the unreadable files and the stage times.
 """
 
@@ -75,7 +76,8 @@ class RawBatch(NamedTuple):
         return self.images.device
 
     def to(self, device: torch.device, non_blocking: bool = False) -> RawBatch:
-        return self._replace(images=self.images.to(device, non_blocking=non_blocking), plan=self.plan.to(device))
+        images = self.images.to(device, non_blocking=non_blocking)
+        return self._replace(images=images, plan=self.plan.to(device, non_blocking=non_blocking))
 
     def record_stream(self, stream: Any) -> None:
         self.images.record_stream(stream)
