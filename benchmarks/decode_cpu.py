@@ -26,7 +26,7 @@ from PIL import Image
 from torchvision.io import ImageReadMode
 from torchvision.io import decode_image as torchvision_decode
 
-from imgtrain.data.datasets import decode_bytes
+from imgtrain.data.decoders import decode_bytes
 from imgtrain.environment import cpu_model
 
 

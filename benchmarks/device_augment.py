@@ -63,10 +63,10 @@ def per_image_crops(images: list[torch.Tensor], seeds: np.ndarray) -> torch.Tens
 
 
 def two_matmuls(images: list[torch.Tensor], seeds: np.ndarray) -> torch.Tensor:
-    """Today's path (gpu_decode.JpegBatchDecoder._transform): the plan, the canvas, two batched matmuls."""
+    """Today's path (gpu_decode.JpegBatchDecoder._transform): the plan, the windows in chunks, two batched matmuls."""
     spec = _spec_for(images)
     plan = resample.plan_batch(*resample.sizes_of(images), seeds, spec)
-    return resample.resample(resample.canvas(images), torch.from_numpy(plan), spec.size)
+    return resample.resample_images(images, plan, spec.size)
 
 
 def _spec_for(images: list[torch.Tensor]) -> batched.CropSpec:

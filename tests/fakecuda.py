@@ -3,7 +3,8 @@
 `install(monkeypatch)` swaps torch.cuda's Stream, Event, stream(), current_stream() and Tensor.record_stream for
 stand-ins that record every call. The code under test keeps its own logic (which stream waits for which, what
 is recorded, what is synchronized); only the device work is absent. Tensors stay on the CPU, so the code's
-device-bound calls (decode_jpeg on cuda, `.to("cuda")`) must be replaced by the test itself.
+device-bound calls (decode_jpeg on cuda, `.to("cuda")`) must be replaced by the test itself: `jpeg_batches` and
+`decoding_on_the_cpu` do it for dataset.decode=cuda's decode stage.
 """
 
 from __future__ import annotations
@@ -12,9 +13,16 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
+
+from imgtrain.data.datasets import build_shapes
+from imgtrain.data.gpu_decode import JpegBatchDecoder
+from imgtrain.data.jpeg import EncodedBatch
+from imgtrain.data.samples import Batch
+from imgtrain.data.stages import BatchTimes
 
 
 class FakeEvent:
@@ -94,3 +102,23 @@ def install(monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
     monkeypatch.setattr(torch.cuda, "current_stream", FAKE.current)
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda tensor, stream: FAKE.recorded.append((tensor, stream)))
     return FAKE
+
+
+# ----------------------------------------------------------------------------- dataset.decode=cuda's batches
+def jpeg_batches(tmp_path: Path, count: int, size: int = 8) -> list[Batch]:
+    """`count` 32-px shapes JPEGs as the workers hand them to the decode stage: batches of `size` undecoded files,
+    with their paths and stage times (stage timings on, the default)."""
+    bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, False, str(tmp_path), count, 10, 0)
+    paths = [bundle.train.path(i) for i in range(count)]
+    data = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p in paths]
+    times = BatchTimes(read=0.001, busy=0.001, finished=1.0, samples=size)
+    return [
+        Batch(EncodedBatch.pack(data[i : i + size]), torch.arange(i, i + size), (), tuple(paths[i : i + size]), times)
+        for i in range(0, count, size)
+    ]
+
+
+def decoding_on_the_cpu(stage, transform, drop: bool) -> None:
+    """The stage keeps its CUDA stream logic (faked); the decoder's own device work runs on the CPU."""
+    decoder = JpegBatchDecoder(transform, drop=drop)
+    stage.decoder = lambda batch, device: decoder(batch, torch.device("cpu"))

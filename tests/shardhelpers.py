@@ -11,7 +11,7 @@ import torch
 from helpers import compose_cfg
 
 from imgtrain.checkpoint import Checkpointer
-from imgtrain.data.shards import convert as converter
+from imgtrain.data.shards import command
 from imgtrain.errors import RunError
 from imgtrain.faults import Preempted
 from imgtrain.run import run
@@ -37,7 +37,7 @@ def failure(*overrides: str, run_dir: Path) -> RunError:
 
 
 def pack(src: Path | str, dst: Path | str, *flags: str) -> int:
-    return converter.main([str(src), str(dst), "--workers", "2", *flags])
+    return command.main([str(src), str(dst), "--workers", "2", *flags])
 
 
 def stop_after_step_5(monkeypatch: pytest.MonkeyPatch, args: list[str], run_dir: Path) -> dict:

@@ -7,6 +7,8 @@ which step marks and syncs.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from helpers import FAST, compose_cfg
@@ -19,6 +21,7 @@ from imgtrain.errors import ConfigError
 from imgtrain.model import evaluation_module, prepare_model
 from imgtrain.optim import build_step
 from imgtrain.probe import ModelProbe, StepClock
+from imgtrain.run import run
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)  # CUDA: only its type is read, nothing runs there
 
@@ -32,10 +35,11 @@ class Compiled(torch.nn.Module):
 
     def __init__(self, module: torch.nn.Module, mode: str | None) -> None:
         super().__init__()
-        self._orig_mod, self.mode, self.calls = module, mode, 0
+        self._orig_mod, self.mode, self.calls, self.batches = module, mode, 0, []
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         self.calls += 1
+        self.batches.append((images.shape[0], self.training))
         return self._orig_mod(images)
 
 
@@ -97,6 +101,16 @@ def test_validation_with_cuda_graphs_runs_the_uncompiled_module(compiles: list[C
     model, base = prepare_model(_settings("system.compile=true"), 10, CPU, torch.contiguous_format, DistInfo())
     assert evaluation_module(model, cuda_graphs=True) is base
     assert evaluation_module(model, cuda_graphs=False) is model
+
+
+def test_validation_runs_a_batch_of_another_size_uncompiled(compiles: list[Compiled], tmp_path) -> None:
+    """The compiled model validates full batches only (one more compile, for inference): the last, smaller batch
+    would make it compile again, so it runs eagerly. 70 validation images in batches of 64: 64 compiled, 6 not."""
+    run(compose_cfg(*FAST, "system.device=cpu", "system.compile=true", "dataset.num_val=70", output_dir=str(tmp_path)))
+    run_model = compiles[0]
+    assert [size for size, training in run_model.batches if not training] == [64]
+    assert [size for size, training in run_model.batches if training] == [32] * 8
+    assert json.loads((tmp_path / "metrics.json").read_text())["val_count"] == 70
 
 
 def test_the_probe_times_the_model_compiled_as_the_run_compiles_it(compiles: list[Compiled]) -> None:

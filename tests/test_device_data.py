@@ -137,28 +137,6 @@ def test_the_decode_thread_keeps_order_ends_cleanly_and_hands_errors_over(tmp_pa
 
 
 # ----------------------------------------------------------------------------- dataset.decode=cuda's streams, faked
-def _jpeg_batches(tmp_path: Path, count: int, size: int = 8) -> list[Batch]:
-    from imgtrain.data.datasets import build_shapes
-    from imgtrain.data.stages import BatchTimes
-
-    bundle = build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, False, str(tmp_path), count, 10, 0)
-    paths = [bundle.train.path(i) for i in range(count)]
-    data = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p in paths]
-    times = BatchTimes(read=0.001, busy=0.001, finished=1.0, samples=size)  # stage timings on (the default)
-    return [
-        Batch(EncodedBatch.pack(data[i : i + size]), torch.arange(i, i + size), (), tuple(paths[i : i + size]), times)
-        for i in range(0, count, size)
-    ]
-
-
-def _decoding_on_the_cpu(stage, transform, drop: bool) -> None:
-    """The stage keeps its CUDA stream logic (faked); the decoder's own device work runs on the CPU."""
-    from imgtrain.data.gpu_decode import JpegBatchDecoder
-
-    decoder = JpegBatchDecoder(transform, drop=drop)
-    stage.decoder = lambda batch, device: decoder(batch, torch.device("cpu"))
-
-
 def test_a_validation_batch_of_only_unreadable_images_passes_the_decode_stream(tmp_path, monkeypatch) -> None:
     """With drop (validation) a batch of unreadable files decodes to no images: handed over, not crashed on."""
     import fakecuda
@@ -167,10 +145,10 @@ def test_a_validation_batch_of_only_unreadable_images_passes_the_decode_stream(t
     from imgtrain.data.gpu_decode import GpuJpegBatches
 
     fake = fakecuda.install(monkeypatch)
-    good, bad = _jpeg_batches(tmp_path, 16)
+    good, bad = fakecuda.jpeg_batches(tmp_path, 16)
     bad = bad._replace(images=EncodedBatch.pack([data[: data.numel() // 3].clone() for data in bad.images.files()]))
     stage = GpuJpegBatches(iter([good, bad]), eval_transform(24), torch.device("cuda", 0), drop=True)
-    _decoding_on_the_cpu(stage, eval_transform(24), drop=True)
+    fakecuda.decoding_on_the_cpu(stage, eval_transform(24), drop=True)
     with stage:
         first, second = list(stage)
     assert first.images.shape == (8, 3, 24, 24) and second.images is None
@@ -190,10 +168,10 @@ def test_the_decode_thread_never_waits_for_its_own_stream_and_times_it_with_even
     from imgtrain.metrics.pipeline import PipelineMeter
 
     fake = fakecuda.install(monkeypatch)
-    batches = _jpeg_batches(tmp_path, 32)
+    batches = fakecuda.jpeg_batches(tmp_path, 32)
     timer = StreamTimer(torch.device("cuda", 0), enabled=True)
     stage = GpuJpegBatches(iter(batches), train_transform(24), torch.device("cuda", 0), timer=timer)
-    _decoding_on_the_cpu(stage, train_transform(24), drop=False)
+    fakecuda.decoding_on_the_cpu(stage, train_transform(24), drop=False)
     meter = PipelineMeter(workers=2, decode_timer=timer)
     with stage:
         for batch in stage:

@@ -24,7 +24,8 @@ from shardhelpers import shards_args
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from imgtrain.checkpoint import Checkpointer, checkpointer
-from imgtrain.data.datasets import EncodedFileDataset, decode_file, eval_transform
+from imgtrain.data.datasets import EncodedFileDataset, eval_transform
+from imgtrain.data.decoders import decode_file
 from imgtrain.data.feed import CudaPrefetcher, ResidentLoader
 from imgtrain.data.folders import list_images
 from imgtrain.data.gpu_decode import GpuJpegBatches, JpegBatchDecoder, decode_jpegs

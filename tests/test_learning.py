@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from helpers import read_metrics, run_train
 from PIL import Image
-from sklearn.datasets import load_digits
+
+load_digits = pytest.importorskip("sklearn.datasets", reason="needs scikit-learn (the dev extra)").load_digits
 
 MIN_ACCURACY = 0.85  # chance is 0.10
 

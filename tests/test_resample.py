@@ -18,7 +18,7 @@ from imgtrain.config_fields import AugmentOn
 from imgtrain.data import batched, resample
 from imgtrain.data.datasets import TensorImageDataset, build_shapes, square_resize, train_transform
 from imgtrain.data.feed import Feed
-from imgtrain.data.samples import GuardedSamples, RawBatch, collate
+from imgtrain.data.samples import GuardedSamples, RawBatch, RawImage, collate
 from imgtrain.run import run
 
 SIZES = [(375, 500), (500, 375), (300, 300), (480, 640), (150, 200), (90, 120), (48, 64), (40, 30)]  # (H, W)
@@ -63,7 +63,7 @@ def _per_image(
 def test_one_batch_of_mixed_sizes_matches_torchvision_per_image(mixed_images, name) -> None:
     """Float32: torchvision's float kernel to 1e-3 (the same weights); its uint8 kernel within its rounding, 1 level.
     Float16 (the CUDA default) within 1.25 levels of the uint8 kernel. Measured: float32 max 0.99-1.00 and mean
-    0.19-0.30 against uint8; float16 max 1.00-1.125."""
+    0.19-0.30 against uint8; float16 max 1.00 (1.00-1.125 with af14a6e's rows-first order)."""
     spec, seeds = SPECS[name], np.arange(len(mixed_images)) * 7 + 3
     plan = torch.from_numpy(resample.plan_batch(*resample.sizes_of(mixed_images), seeds, spec))
     canvas = resample.canvas(mixed_images)
@@ -75,6 +75,130 @@ def test_one_batch_of_mixed_sizes_matches_torchvision_per_image(mixed_images, na
     assert (out - uint8).abs().max() <= 1.01  # measured up to 1.0002: the uint8 kernel's fixed-point weights
     half = resample.resample(canvas, plan, spec.size, torch.float16).float()
     assert (half - uint8).abs().max() <= 1.25
+    decoded = resample.resample_images(mixed_images, plan.numpy(), spec.size)  # the decode path: windows, chunks
+    assert decoded.dtype == torch.float32 and (decoded - uint8).abs().max() <= 1.01
+    half = resample.resample_images(mixed_images, plan.numpy(), spec.size, torch.float16).float()
+    assert (half - uint8).abs().max() <= 1.25
+
+
+BOUNDED = {"training": SPECS["random resized crop and flip"], "evaluation": SPECS["short side and centre crop"]}
+# af14a6e's computation against the bounded one: the same weights (test_windows_...), other float roundings. Float32:
+# other summation orders (columns first, other matmul blocking), 1.5e-5 levels a rounding at 255; measured 1.4e-4.
+# Float16: either order rounds its intermediate and its output to float16, half a step (0.0625 levels from 128 to
+# 256) each, so the two differ by at most 0.25; measured 0.25.
+TOLERANCE = {torch.float32: 1e-3, torch.float16: 0.25}
+SMALL_BUDGET = 2 * 2**20  # bytes: three chunks of the batch below, the large image alone (4.3 MB in float16)
+
+
+def _unbounded(images: list[torch.Tensor], plan: np.ndarray, size: int, dtype: torch.dtype) -> torch.Tensor:
+    """af14a6e's `resample`: every image on one canvas of the batch's largest, the row weights broadcast over the
+    channels, rows first."""
+    canvas, plan_t = resample.canvas(images), torch.from_numpy(plan).float()
+    rows = resample.axis_weights(plan_t[:, :5], size, canvas.shape[-2]).to(dtype)
+    cols = resample.axis_weights(plan_t[:, 5:10], size, canvas.shape[-1], plan_t[:, 10]).to(dtype)
+    return rows[:, None] @ canvas.to(dtype) @ cols[:, None].transpose(-1, -2)
+
+
+@pytest.fixture(scope="module")
+def with_a_photo(mixed_images) -> list[torch.Tensor]:
+    """The eight sizes (portrait and landscape) and one large image, last."""
+    photo = torch.randint(0, 256, (3, 960, 1280), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
+    return [*mixed_images, photo]
+
+
+def _canvases(monkeypatch) -> list[torch.Tensor]:
+    """Every canvas the two products are given, as it is made."""
+    made, products = [], resample._two_products
+
+    def recorded(make, *args):
+        return products(lambda: made.append(make()) or made[-1], *args)
+
+    monkeypatch.setattr(resample, "_two_products", recorded)
+    return made
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("name", list(BOUNDED))
+def test_the_bounded_path_gives_the_unbounded_ones_crops(with_a_photo, name, dtype) -> None:
+    """Decode path (windows, chunks) and augment_on=device (the worker's window canvas, consecutive chunks)."""
+    spec, seeds = BOUNDED[name], np.arange(len(with_a_photo)) * 5 + 1
+    plan = resample.plan_batch(*resample.sizes_of(with_a_photo), seeds, spec)
+    expected = _unbounded(with_a_photo, plan, spec.size, dtype)
+    for budget in (resample.CHUNK_BYTES, SMALL_BUDGET):
+        decoded = resample.resample_images(with_a_photo, plan, spec.size, dtype, budget)
+        assert decoded.dtype == dtype and (decoded.float() - expected.float()).abs().max() <= TOLERANCE[dtype]
+    items = [(RawImage(image, row, spec.size), 0, (), None) for image, row in zip(with_a_photo, plan, strict=True)]
+    raw = collate(items).images
+    assert raw.images.shape[-2:] != resample.canvas(with_a_photo).shape[-2:]  # windows, not whole images
+    on_device = resample.resample(raw.images, raw.plan, spec.size, dtype, SMALL_BUDGET)
+    assert (on_device.float() - expected.float()).abs().max() <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("name", list(BOUNDED))
+def test_windows_hold_every_pixel_the_weights_reach_and_little_more(with_a_photo, name) -> None:
+    spec = BOUNDED[name]
+    plan = resample.plan_batch(*resample.sizes_of(with_a_photo), np.arange(len(with_a_photo)) * 5 + 1, spec)
+    bounds, (heights, widths) = resample.windows(plan, spec.size), resample.sizes_of(with_a_photo)
+    changed = [255 - image for image in with_a_photo]
+    for image, new, (top, bottom, left, right) in zip(with_a_photo, changed, bounds, strict=True):
+        new[:, top:bottom, left:right] = image[:, top:bottom, left:right]  # only outside the window
+    for dtype in (torch.float32, torch.float16):
+        before = _unbounded(with_a_photo, plan, spec.size, dtype)
+        assert torch.equal(_unbounded(changed, plan, spec.size, dtype), before)
+    rows = resample.axis_weights(torch.from_numpy(plan[:, :5]).float(), spec.size, heights.max())
+    cols = resample.axis_weights(torch.from_numpy(plan[:, 5:10]).float(), spec.size, widths.max())
+    for reach, low, high in ((rows, bounds[:, 0], bounds[:, 1]), (cols, bounds[:, 2], bounds[:, 3])):
+        used = (reach > 0).any(1).numpy()
+        first, last = used.argmax(1), used.shape[1] - used[:, ::-1].argmax(1)
+        assert (low <= first).all() and (first - low <= 2).all() and (high >= last).all() and (high - last <= 2).all()
+    cut, shifted = resample.crop_to_windows(with_a_photo, plan, spec.size)
+    for i, window in enumerate(cut):  # the window's weights are the whole canvas's, to the bit
+        top, left = bounds[i, 0], bounds[i, 2]
+        got = resample.axis_weights(torch.from_numpy(shifted[i : i + 1, :5]).float(), spec.size, window.shape[-2])
+        assert torch.equal(got[0], rows[i, :, top : top + window.shape[-2]])
+        got = resample.axis_weights(torch.from_numpy(shifted[i : i + 1, 5:10]).float(), spec.size, window.shape[-1])
+        assert torch.equal(got[0], cols[i, :, left : left + window.shape[-1]])
+
+
+def test_a_budget_splits_the_batch_and_each_canvas_stays_under_it(with_a_photo, monkeypatch) -> None:
+    spec, budget = BOUNDED["training"], SMALL_BUDGET
+    plan = resample.plan_batch(*resample.sizes_of(with_a_photo), np.arange(len(with_a_photo)) * 5 + 1, spec)
+    made = _canvases(monkeypatch)
+    out = resample.resample_images(with_a_photo, plan, spec.size, torch.float16, budget)
+    assert len(made) >= 3 and all(c.nbytes <= budget or len(c) == 1 for c in made) and made[0].dtype == torch.float16
+    assert sum(len(canvas) for canvas in made) == len(with_a_photo) and out.shape == (9, 3, 224, 224)
+    made.clear()
+    shipped = resample.canvas(with_a_photo)  # the device path: a canvas as shipped, consecutive slots
+    resample.resample(shipped, torch.from_numpy(plan), spec.size, torch.float16, 4 * shipped[0].numel() * 2)
+    assert [len(canvas) for canvas in made] == [4, 4, 1] and all(c.nbytes <= 4 * shipped[0].numel() * 2 for c in made)
+
+
+@pytest.mark.parametrize(("side", "dtype"), [(32, torch.float32), (32, torch.float16), (384, torch.float16)])
+def test_a_batch_of_same_size_images_is_one_chunk(side, dtype) -> None:
+    """256 images of one size, up to 384 px in float16 (226 MB): one stack, one pair of products."""
+    images = [torch.empty((3, side, side), dtype=torch.uint8, device="meta") for _ in range(256)]
+    plan = resample.plan_batch(*resample.sizes_of(images), np.arange(256), batched.CropSpec(min(side, 224), (0.35, 1)))
+    chunks = resample.chunk_windows(images, plan, min(side, 224), 3 * dtype.itemsize, resample.CHUNK_BYTES)
+    assert len(chunks) == 1 and chunks[0].windows is images
+
+
+@pytest.mark.parametrize("name", list(BOUNDED))
+def test_one_large_photo_does_not_multiply_the_working_memory(name) -> None:
+    """255 ImageNet-sized images and one 4000x3000 photo, float16 as on CUDA, counted by torch's MemTracker without
+    allocating (FakeTensorMode): beside the images and the output, at most twice CHUNK_BYTES (the canvas, then the
+    intermediate and the weights: CHUNK_BYTES' comment). af14a6e needed 31 GB here (BENCHMARKS.md, 2026-11-25)."""
+    from torch._subclasses import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    sizes = [(375, 500), (500, 375)] * 127 + [(375, 500), (3000, 4000)]
+    plan = resample.plan_batch(*(np.array(side) for side in zip(*sizes, strict=True)), np.arange(256), BOUNDED[name])
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        tracker = MemTracker()
+        with tracker:
+            images = [torch.empty((3, h, w), dtype=torch.uint8) for h, w in sizes]
+            out = resample.resample_images(images, plan, 224, torch.float16)
+        peak = max(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
+    assert peak - sum(image.nbytes for image in images) - out.nbytes <= 2 * resample.CHUNK_BYTES
 
 
 def test_the_plan_depends_on_each_seed_alone(mixed_images) -> None:

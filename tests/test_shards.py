@@ -16,20 +16,22 @@ import torch
 from helpers import compose_cfg, read_metrics
 from shardhelpers import failure, pack, shards_args
 
-from imgtrain.config import DataConfig
-from imgtrain.config_fields import AugmentOn
-from imgtrain.data.datasets import eval_transform
-from imgtrain.data.folders import folder_splits
-from imgtrain.data.loader import plan_loader
-from imgtrain.data.pipeline import make_loader
-from imgtrain.data.samples import RawBatch
-from imgtrain.data.shards import convert as converter
-from imgtrain.data.shards import dataset as shards_dataset
-from imgtrain.data.shards.dataset import ShardError, ShardSplit
-from imgtrain.data.shards.manifest import MANIFEST, PARTIAL
-from imgtrain.data.shards.store import Location
-from imgtrain.errors import ConfigError
-from imgtrain.run import run
+pytest.importorskip("litdata", reason="dataset=shards needs the shards extra: pip install -e '.[shards]'")
+
+from imgtrain.config import DataConfig  # noqa: E402
+from imgtrain.config_fields import AugmentOn  # noqa: E402
+from imgtrain.data.datasets import eval_transform  # noqa: E402
+from imgtrain.data.folders import folder_splits  # noqa: E402
+from imgtrain.data.loader import plan_loader  # noqa: E402
+from imgtrain.data.pipeline import make_loader  # noqa: E402
+from imgtrain.data.samples import RawBatch  # noqa: E402
+from imgtrain.data.shards import convert as converter  # noqa: E402
+from imgtrain.data.shards import dataset as shards_dataset  # noqa: E402
+from imgtrain.data.shards.dataset import ShardError, ShardSplit  # noqa: E402
+from imgtrain.data.shards.manifest import MANIFEST, PARTIAL  # noqa: E402
+from imgtrain.data.shards.store import Location  # noqa: E402
+from imgtrain.errors import ConfigError  # noqa: E402
+from imgtrain.run import run  # noqa: E402
 
 
 def records(root: Path, split: str) -> list[dict]:

@@ -19,8 +19,10 @@ import torch
 from helpers import ROOT, compose_cfg, interrupt, read_metrics, run_train
 from shardhelpers import shards_args, stop_after_step_5
 
-from imgtrain.data.shards.manifest import MANIFEST, PARTIAL
-from imgtrain.run import run
+pytest.importorskip("litdata", reason="dataset=shards needs the shards extra: pip install -e '.[shards]'")
+
+from imgtrain.data.shards.manifest import MANIFEST, PARTIAL  # noqa: E402
+from imgtrain.run import run  # noqa: E402
 
 RESUMABLE = ["train.epochs=2", "system.deterministic=true", "checkpoint.every_n_steps=3"]
 

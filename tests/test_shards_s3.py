@@ -11,10 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import compose_cfg, read_metrics
-from s3server import S3Server, free_port, s3_server, silent_endpoint
 from shardhelpers import failure, pack, shards_args, stop_after_step_5
 
-from imgtrain.run import run
+pytest.importorskip("litdata", reason="dataset=shards needs the shards extra: pip install -e '.[shards]'")
+pytest.importorskip("moto", reason="the object-storage tests need moto (the dev extra)")
+
+from s3server import S3Server, free_port, s3_server, silent_endpoint  # noqa: E402
+
+from imgtrain.run import run  # noqa: E402
 
 ROOT = "s3://shards/shapes"
 

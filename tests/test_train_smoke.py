@@ -84,7 +84,7 @@ def test_metrics_json_holds_the_final_summary(smoke_run) -> None:
     env = metrics["environment"]  # the pre-flight fingerprint (imgtrain.preflight)
     assert env["torch"] == metrics["torch_version"] and env["torchvision"] == metrics["torchvision_version"]
     assert env["python"].count(".") == 2 and env["cpus_available"] >= 1 and env["gpu_name"] is None
-    assert env["decoder"]["in_use"].startswith("torchcodec.decoders.decode_image") and env["decoder"]["pillow"]
+    assert env["decoder"]["in_use"].startswith("torchcodec (JPEG, PNG, WebP, GIF)") and env["decoder"]["pillow"]
     assert isinstance(env["warnings"], list) and env["data_root"].endswith("shapes")
     assert env["probe_ms"] < 1000  # cheap: 4 to 14 ms on a busy 2-core machine
     if memory.HAS_PSS:  # Linux: shared pages counted once, so below RSS, which counts them in every process

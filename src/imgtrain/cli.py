@@ -16,6 +16,7 @@ from imgtrain.config import register_configs
 from imgtrain.config_moved import moved_key_line
 from imgtrain.dist import register_resolvers
 from imgtrain.errors import EXIT_BAD_INPUT, RunEnded, RunError
+from imgtrain.optional import missing_plugin_line
 
 # Lines of OmegaConf/Hydra messages that repeat what the first line says, or point at internals.
 _NOISE = (
@@ -42,9 +43,13 @@ def one_line(error: BaseException) -> str:
         if isinstance(inner, RunError):
             return str(inner)
         inner = inner.__cause__
-    moved = moved_key_line(f"{error}\n{error.__cause__ or ''}")
+    message = f"{error}\n{error.__cause__ or ''}"
+    moved = moved_key_line(message)
     if moved is not None:  # a key of the former trainer group: where it lives now
         return moved
+    engine = missing_plugin_line(message)
+    if engine is not None:  # an option of a Hydra plugin that is not installed (e.g. hparams_search without Optuna)
+        return engine
     parts: list[str] = []
     options: list[str] = []
     for exc in (error, error.__cause__):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from omegaconf import MISSING
 
@@ -27,6 +28,7 @@ class DatasetConfig:
     mean: list[float] = field(default_factory=lambda: list(IMAGENET_MEAN))  # 0..1 units, applied on the device
     std: list[float] = field(default_factory=lambda: list(IMAGENET_STD))
     augment: bool = True
+    extra: ClassVar[str | None] = None  # the optional engine a dataset needs: imgtrain[<extra>] (imgtrain/optional.py)
 
 
 @dataclass
@@ -80,6 +82,7 @@ class ShardsConfig(DatasetConfig):
     S3-compatible object storage (s3://bucket/prefix; credentials and endpoint from the standard AWS variables)."""
 
     _target_: str = "imgtrain.data.shards.dataset.build_shards"
+    extra: ClassVar[str | None] = "shards"  # LitData and boto3
     name: str = "shards"
     root: str | None = None  # required: the DST that imgtrain-shards wrote, a directory or s3://bucket/prefix
     image_size: int = checked(224, at_least(8, note="pixels"))

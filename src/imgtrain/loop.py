@@ -32,7 +32,7 @@ from imgtrain.data.pipeline import RunData
 from imgtrain.data.stages import transfer_seconds
 from imgtrain.faults import Faults, Stop
 from imgtrain.metrics import Metrics
-from imgtrain.model import evaluation_module
+from imgtrain.model import evaluation_module, uncompiled
 from imgtrain.optim import Step
 from imgtrain.profiling import Profiler, no_range
 
@@ -166,6 +166,9 @@ def evaluate(
     # no collective per batch (the ranks may have different numbers of batches); uncompiled with CUDA graphs
     model = evaluation_module(model, step.cuda_graphs)
     model.eval()
+    # Compiled, the model compiles once more for inference; a batch of another size (the last, or one with
+    # unreadable images left out) would compile it yet again, for seconds (minutes with max_autotune): eager.
+    full, eager = data.loader_args["val"]["batch_size"], uncompiled(model)
     totals = torch.zeros(3, device=data.feed.device, dtype=torch.float64)  # loss sum, correct, count
     batches = EpochBatches(
         data.val, data.feed, data.settings, float("inf"), on_unreadable=faults.bad.report, split="val"
@@ -173,7 +176,7 @@ def evaluate(
     with batches:
         for images, labels in batches:
             with step.autocast():
-                logits = model(images)
+                logits = (model if labels.shape[0] == full else eager)(images)
             totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")
             totals[1] += (logits.argmax(dim=1) == labels).sum()
             totals[2] += labels.shape[0]

@@ -24,8 +24,10 @@ from torch.utils.data import DataLoader
 from imgtrain import dist
 from imgtrain.config import Config, Mode
 from imgtrain.config_datasets import Decode
+from imgtrain.data import decoders
 from imgtrain.data.datasets import EncodedFileDataset, ImageFileDataset
 from imgtrain.data.pipeline import RunData
+from imgtrain.data.streamed import StreamedSplit
 from imgtrain.environment import ProbePaths, fingerprint, fs_kind, guarded
 
 log = logging.getLogger(__name__)
@@ -198,8 +200,8 @@ def _root(settings: Config) -> str | None:
 def _decoder_in_use(settings: Config, data: RunData) -> str:
     if getattr(settings.dataset, "decode", Decode.cpu) == Decode.cuda:
         return "nvJPEG (torchvision.io.decode_jpeg on the GPU)"
-    if isinstance(data.bundle.train, ImageFileDataset):
-        return "torchcodec.decoders.decode_image (libjpeg-turbo, libpng, libwebp); PIL for other formats"
+    if isinstance(data.bundle.train, ImageFileDataset | StreamedSplit):  # files decoded by the workers
+        return decoders.describe()
     return "none (images held in memory)"
 
 

@@ -23,8 +23,8 @@ from imgtrain import dist, rundir, tune
 from imgtrain.checkpoint import Checkpointer
 from imgtrain.cli import one_line
 from imgtrain.config import TUNE, Config, Mode, validate
+from imgtrain.data import streamed
 from imgtrain.data.pipeline import RunData, build_data, save_loader_args, use_tuned_workers
-from imgtrain.data.shards import loader as shard_loaders
 from imgtrain.faults import Faults, Preempted
 from imgtrain.host import write_json
 from imgtrain.loop import Components, fit
@@ -112,7 +112,7 @@ def _run(settings: Config) -> dict:
         dist.teardown()
         if settings.system.compile:
             torch._dynamo.reset()  # the next job of a sweep compiles its own model, not this one's cached graphs
-        shard_loaders.close_all()  # dataset=shards: LitData's workers, before the collector could lose their shutdown
+        streamed.close_all()  # dataset=shards: LitData's workers, before the collector could lose their shutdown
         gc.collect()  # shut down DataLoader workers and free memory before the next job of a sweep
         if device.type == "cuda":
             torch.cuda.empty_cache()

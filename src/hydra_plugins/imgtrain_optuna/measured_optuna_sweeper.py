@@ -4,6 +4,10 @@ sweep report and one line, not in Optuna's traceback.
 Every unmeasured trial is a failed trial with its reason (run.NotMeasured). When none is measured, Optuna has no
 best trial and the plugin's `study.best_trial` raises ("No trials are completed yet") after the jobs, before
 Hydra's on_multirun_end, so the report would never be written.
+
+Optuna and its sweeper are an optional engine (`pip install -e '.[search]'`). Hydra imports every module under
+hydra_plugins when it starts, for every run: without them this module defines no sweeper, quietly, and a run that
+asks for hparams_search ends in one line naming the package (cli.one_line).
 """
 
 from __future__ import annotations
@@ -11,16 +15,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from hydra.types import HydraContext, TaskFunction
-from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from omegaconf import DictConfig
 
 from imgtrain.errors import EXIT_FAILED, RunEnded
+from imgtrain.optional import LOAD_ERRORS
 from imgtrain.sweep_report import build_report
 
+try:
+    from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
+except LOAD_ERRORS:  # the search extra is not installed: no sweeper here (see the module docstring)
+    OptunaSweeper = None
 
-class MeasuredOptunaSweeper(OptunaSweeper):
-    """OptunaSweeper that, when the search ends without a single measured trial, writes the report and ends
-    with one line naming why; any other error is the plugin's own."""
+
+class _MeasuredSweep:
+    """What MeasuredOptunaSweeper adds to OptunaSweeper: when the search ends without a single measured trial, the
+    report and one line naming why; any other error is the plugin's own. (A mixin, so that this module imports
+    where OptunaSweeper does not.)"""
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.sweep_dir = Path(config.hydra.sweep.dir)
@@ -39,3 +49,9 @@ class MeasuredOptunaSweeper(OptunaSweeper):
                 f"and in {self.sweep_dir}/sweep_summary.md; give each trial more steps (train.max_steps) or fewer "
                 "warm-up steps (metrics.skip_first_steps)",
             ) from error
+
+
+if OptunaSweeper is not None:
+
+    class MeasuredOptunaSweeper(_MeasuredSweep, OptunaSweeper):
+        """hparams_search's sweeper: OptunaSweeper, with a search without a measured trial ending in its report."""

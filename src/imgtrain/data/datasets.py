@@ -7,9 +7,7 @@ Every transform is a module-level torchvision object, so datasets pickle for spa
 
 from __future__ import annotations
 
-import io
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,12 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 import torchvision.transforms.v2.functional as F
-from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
-from torchcodec.decoders import decode_image
 from torchvision.transforms import v2
 
-from imgtrain.data import batched, shapes, stages
+from imgtrain.data import batched, decoders, shapes, stages
+from imgtrain.data.decoders import DECODE_ERRORS, decode_bytes, error_reason, read_file
 from imgtrain.data.folders import folder_splits, list_images
 from imgtrain.data.jpeg import EncodedJpeg, jpeg_problem
 
@@ -73,58 +70,6 @@ def square_resize(image_size: int) -> v2.Resize:
 
 
 # ----------------------------------------------------------------------------- datasets
-def read_file(path: str) -> torch.Tensor:
-    """A file's bytes as a 1-d uint8 tensor."""
-    with open(path, "rb") as f:
-        return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
-
-
-def decode_file(path: str) -> torch.Tensor:
-    """Read and decode an image file into a uint8 RGB tensor [3, H, W]."""
-    return decode_bytes(read_file(path), path)
-
-
-# What a decoder raises on a file that is not a readable image (truncated, garbage, an unknown format).
-DECODE_ERRORS = (OSError, RuntimeError, ValueError, SyntaxError, Image.DecompressionBombError)
-# TorchCodec's C++ errors start with the throwing function and its source file on TorchCodec's build machine.
-_SOURCE_LOCATION = re.compile(r"^\w+, \S+:\d+, ")
-
-
-def error_reason(error: BaseException) -> str:
-    """The first line of an exception's message, or its type's name."""
-    if isinstance(error, UnidentifiedImageError):  # PIL's message names an in-memory file object
-        return "not an image in a format Pillow or TorchCodec can read (damaged, or another kind of file)"
-    text = _SOURCE_LOCATION.sub("", str(error).strip())
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-def decode_problem(data: bytes, path: str) -> str | None:
-    """Why `data` (the bytes of the image file `path`) cannot be decoded the way training decodes it; None if it
-    can. What the converter checks before packing a file."""
-    try:
-        decode_bytes(torch.frombuffer(bytearray(data), dtype=torch.uint8), path)
-    except DECODE_ERRORS as error:
-        return error_reason(error)
-    return None
-
-
-def decode_bytes(data: torch.Tensor, path: str) -> torch.Tensor:
-    """An image file's bytes as a uint8 RGB tensor [3, H, W]: TorchCodec (libjpeg-turbo, libpng, libwebp) for
-    JPEG, PNG, WebP and GIF, PIL for the other formats (from the same bytes, so images packed in shards decode the
-    same way; `path` names the image in errors). A damaged JPEG or PNG raises TorchCodec's error."""
-    try:
-        image = decode_image(data, mode="RGB")
-    except ValueError:  # a format TorchCodec does not decode (BMP, TIFF, PPM, ...): its check of the magic bytes
-        return _decode_with_pil(data)
-    return image[0] if image.ndim == 4 else image  # an animated GIF or WebP: its first frame, as PIL gives
-
-
-def _decode_with_pil(data: torch.Tensor) -> torch.Tensor:
-    with Image.open(io.BytesIO(data.numpy().tobytes())) as img:
-        array = np.asarray(img.convert("RGB"), dtype=np.uint8)
-    return torch.from_numpy(array.copy()).permute(2, 0, 1)
-
-
 class ImageFileDataset(Dataset):
     """Lazily decoded image files with integer labels, shared by `shapes` and `imagefolder`."""
 
@@ -269,6 +214,8 @@ def build_shapes(
     seed: int,
 ) -> DatasetBundle:
     """The default dataset: shapes generated once as JPEGs, then read like any image folder."""
+    # before generating: the generator writes with PIL, training decodes
+    decoders.check(f"dataset={name}", alternative="use dataset=synthetic")
     base = shapes.ensure_shapes(root, image_size, num_train, num_val, seed)
     class_to_idx = {c: i for i, c in enumerate(sorted(shapes.CLASSES))}  # all 10, even with tiny splits
     train_paths, train_labels, classes = list_images(os.path.join(base, "train"), class_to_idx)
@@ -330,6 +277,8 @@ def build_imagefolder(
     root = os.path.abspath(os.path.expanduser(root))
     (train_paths, train_labels), (val_paths, val_labels), classes = folder_splits(root, val_fraction, split_seed)
     train_tf, val_tf = imagenet_transforms(image_size, val_resize, augment)
+    if decode != "cuda":  # nvJPEG decodes on the GPU: no CPU decoder needed
+        decoders.check(f"dataset={name}", alternative="use dataset.decode=cuda on a GPU")
     files = EncodedFileDataset if decode == "cuda" else ImageFileDataset
     return DatasetBundle(
         train=files(train_paths, train_labels, classes, train_tf),

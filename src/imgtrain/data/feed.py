@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from imgtrain.data import batched
+from imgtrain.data.copies import to_device
 from imgtrain.data.gpu_decode import GpuJpegBatches
 from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.samples import Batch, GuardedSamples, RawBatch, collate
@@ -261,8 +262,7 @@ class ResidentLoader:
 
 def _to(device: torch.device, array: Any) -> torch.Tensor:
     """A host array on `device`; on CUDA through pinned memory, so the copy does not wait for the GPU."""
-    tensor = torch.from_numpy(array)
-    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
+    return to_device(torch.from_numpy(array), device)
 
 
 def build_resident(

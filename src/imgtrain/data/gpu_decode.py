@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from imgtrain.data import batched, resample
+from imgtrain.data.copies import to_device
 from imgtrain.data.jpeg import EncodedBatch
 from imgtrain.data.samples import Batch
 from imgtrain.data.stages import StreamTimer
@@ -30,9 +32,10 @@ class GpuJpegBatches:
     torchvision's GPU decode blocks the calling thread until the batch is decoded; in a thread of its own it
     overlaps the training step, so the loop's data wait (time blocked in `next()`) is real starvation. Use it
     as a context manager: leaving stops the thread before the loader is used again. `inner` is the loader's
-    iterator (for explaining its failures). `timer` times each batch's work on the decode stream with CUDA
-    events, read at the logging window: the thread never waits for its own stream, so it fetches the next
-    batch while the GPU still resizes this one.
+    iterator (for explaining its failures). `timer` times each batch on the decode stream with CUDA events, read
+    at the logging window: from when the stream reaches the batch to its last crop kernel, nvJPEG's blocking
+    decode included (wall time on the stream, not GPU work). The thread never waits for its own stream
+    otherwise, so it fetches the next batch while the GPU still resizes this one.
     """
 
     _END = object()
@@ -65,6 +68,8 @@ class GpuJpegBatches:
                     with self.timer.span(stream):
                         decoded = self.decoder(batch, self.device)
                     done = stream.record_event() if stream is not None else None
+                    if decoded.times:  # ready for the loop now: its wait until here was for a worker or this thread
+                        decoded = decoded._replace(times=decoded.times._replace(finished=time.perf_counter()))
                     self._hand_over((decoded, done))
             self._hand_over(self._END)
         except BaseException as error:  # noqa: BLE001 - raised again in the training thread
@@ -111,29 +116,31 @@ class GpuJpegBatches:
 def decode_jpegs(encoded: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | str]:
     """Decode JPEG byte tensors on `device`: each entry is a uint8 image [3, H, W], or why that file failed.
 
-    One bad file fails torchvision's whole batched call, so a failed batch is decoded again file by file.
+    One bad file fails torchvision's whole batched call, so a failed batch is decoded again file by file, behind one
+    fence: the decodes themselves queue no kernel, so nothing freed between them is still read on the stream.
     """
     try:
-        return list(_fenced_decode(encoded, device))
+        fence(device)
+        return list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device))
     except RuntimeError:
+        fence(device)  # the failed call's outputs are freed: drained once, not once per file
         decoded: list[torch.Tensor | str] = []
         for data in encoded:
             try:
-                decoded.append(_fenced_decode([data], device)[0])
+                decoded.append(decode_jpeg([data], mode=ImageReadMode.RGB, device=device)[0])
             except RuntimeError as error:
                 decoded.append(str(error).strip().splitlines()[0] if str(error).strip() else "cannot be decoded")
         return decoded
 
 
-def _fenced_decode(encoded: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+def fence(device: torch.device) -> None:
+    """Drain the current stream before nvJPEG writes. torchvision allocates the outputs on the current stream,
+    then nvJPEG writes them from its own (its hardware engine ignores stream order altogether): memory freed while
+    kernels queued on this stream still read it can be handed straight to the decoder (pytorch/vision#9606,
+    meta-pytorch/torchcodec#1634). On the decode stream that is only the previous batch's crops, not the training
+    step."""
     if device.type == "cuda":
-        # torchvision allocates the outputs on the current stream, then nvJPEG writes them from its own stream
-        # (its hardware engine ignores stream order altogether). Memory freed while kernels queued on this
-        # stream still read it can be handed straight to the decoder: drain the stream first
-        # (pytorch/vision#9606, meta-pytorch/torchcodec#1634). On the prefetch stream that is only the
-        # previous batch's resizes, not the training step.
         torch.cuda.current_stream(device).synchronize()
-    return decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
 
 
 class JpegBatchDecoder:
@@ -152,28 +159,39 @@ class JpegBatchDecoder:
         self.per_image = transform
 
     def __call__(self, batch: Batch, device: torch.device) -> Batch:
+        """`batch` decoded and transformed on `device`: float images, labels there (copied from pinned memory, so
+        the decode thread never waits for the stream's kernels), the unreadable files added to `skipped`, its
+        sources and stage times kept."""
+        if batch.images is None:  # validation: the workers rejected every file of this batch
+            return batch._replace(labels=to_device(batch.labels, device))
         encoded: EncodedBatch = batch.images
         decoded = decode_jpegs(encoded.files(), device)
+        failed = tuple((batch.sources[i], why) for i, why in enumerate(decoded) if isinstance(why, str))
+        take, seeded = self._selection(decoded, batch.sources)
+        labels = batch.labels if not failed else batch.labels[torch.as_tensor(take, dtype=torch.long)]
+        images = self._transform([decoded[i] for i in take], encoded.seeds.numpy()[seeded]) if take else None
+        return batch._replace(
+            images=images,
+            labels=to_device(labels, device),
+            skipped=batch.skipped + failed,
+            sources=tuple(batch.sources[i] for i in take),
+        )
+
+    def _selection(self, decoded: list[torch.Tensor | str], sources: tuple[str, ...]) -> tuple[list[int], list[int]]:
+        """(the decoded image each output takes, the sample whose seed crops it). An unreadable file is left out
+        (`drop`: validation) or replaced by the next readable image of the batch, with its label, cropped by the
+        replaced sample's seed (training: the batch keeps its shape)."""
         good = [i for i, image in enumerate(decoded) if isinstance(image, torch.Tensor)]
-        labels, skipped, seeds = batch.labels, list(batch.skipped), encoded.seeds.numpy()
-        skipped += [(batch.sources[i], image) for i, image in enumerate(decoded) if isinstance(image, str)]
-        if self.drop and len(good) < len(decoded):
-            decoded, labels, seeds = [decoded[i] for i in good], labels[good], seeds[good]
-        elif not good and decoded:
+        if self.drop or len(good) == len(decoded):
+            return good, good
+        if not good:
             raise RunError(
-                f"no image of a batch of {len(decoded)} could be decoded on the GPU (e.g. {batch.sources[0]}: "
+                f"no image of a batch of {len(decoded)} could be decoded on the GPU (e.g. {sources[0]}: "
                 f"{decoded[0]}): check the files, or use dataset.decode=cpu"
             )
-        elif len(good) < len(decoded):
-            labels = labels.clone()
-            for i, image in enumerate(decoded):
-                if isinstance(image, str):  # the stand-in's image and label, cropped by this sample's seed
-                    stand_in = next((j for j in good if j > i), good[0])
-                    decoded[i], labels[i] = decoded[stand_in], labels[stand_in]
-        if not decoded:  # validation, every image unreadable: no images, and no labels (on the device as usual)
-            return Batch(None, labels.to(device, non_blocking=True), tuple(skipped))
-        images = self._transform(decoded, seeds)
-        return Batch(images, labels.to(device, non_blocking=True), tuple(skipped))
+        readable = set(good)
+        take = [i if i in readable else next((j for j in good if j > i), good[0]) for i in range(len(decoded))]
+        return take, list(range(len(decoded)))
 
     def _transform(self, images: list[torch.Tensor], seeds: np.ndarray) -> torch.Tensor:
         """The batch as the split's transform makes it: float in 0..255 (the per-image fallback: uint8)."""
@@ -181,4 +199,4 @@ class JpegBatchDecoder:
             return torch.stack([self.per_image(image) for image in images])
         # Each sample's box and flip from its seed (exact on a resume), its size from the decoded shape
         plan = resample.plan_batch(*resample.sizes_of(images), seeds, self.spec)
-        return resample.resample(resample.canvas(images), torch.from_numpy(plan), self.spec.size)
+        return resample.resample_images(images, plan, self.spec.size)  # in chunks of windows: bounded memory

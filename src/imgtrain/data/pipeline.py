@@ -13,7 +13,7 @@ import torch
 from hydra.utils import instantiate
 from torch.utils.data import DataLoader
 
-from imgtrain import dist
+from imgtrain import dist, optional
 from imgtrain.config import Config, DataConfig, Mode
 from imgtrain.config_datasets import Decode
 from imgtrain.data.datasets import DatasetBundle
@@ -21,8 +21,7 @@ from imgtrain.data.failures import stop_workers
 from imgtrain.data.feed import DeviceBatches, Feed, build_resident
 from imgtrain.data.loader import LoaderPlan, build_loader, plan_loader, train_sampler
 from imgtrain.data.samplers import EpochSampler
-from imgtrain.data.shards.dataset import ShardSplit
-from imgtrain.data.shards.loader import ShardLoader
+from imgtrain.data.streamed import StreamedLoader, StreamedSplit
 from imgtrain.errors import ConfigError
 from imgtrain.host import write_json
 
@@ -44,28 +43,28 @@ class RunData:
     @property
     def replicas(self) -> int:
         """Ranks the training order is sharded over (1 when each rank reads the whole set)."""
-        if isinstance(self.train, ShardLoader):
+        if isinstance(self.train, StreamedLoader):
             return self.train.replicas
         sampler = getattr(self.train, "sampler", None)
         return sampler.num_replicas if isinstance(sampler, EpochSampler) else 1
 
     @property
-    def order(self) -> ShardLoader | None:
+    def order(self) -> StreamedLoader | None:
         """The training order's state that checkpoints must keep (dataset=shards), if any."""
-        return self.train if isinstance(self.train, ShardLoader) else None
+        return self.train if isinstance(self.train, StreamedLoader) else None
 
     def close(self) -> None:
         """Stop both loaders' persistent workers now, politely. Left to interpreter exit (after an error, whose
         traceback keeps the loaders alive), multiprocessing would SIGTERM them, which they outlive for
         WORKER_GRACE_S (see loader.worker_signals): the run would take 30 s to end."""
         for loader in (self.train, self.val):
-            if isinstance(loader, ShardLoader):
+            if isinstance(loader, StreamedLoader):
                 loader.close()
             stop_workers(getattr(loader, "_iterator", None))
 
     def start_epoch(self, epoch: int, samples_done: int) -> None:
         """Set the epoch's order (the same on every rank), skipping the samples a resumed epoch already had."""
-        if isinstance(self.train, ShardLoader):
+        if isinstance(self.train, StreamedLoader):
             self.train.start_epoch(epoch, samples_done)
             return
         sampler = getattr(self.train, "sampler", None)
@@ -93,8 +92,8 @@ def make_loader(
 ) -> Any:
     """The split's loader: LitData's for dataset=shards (`replan(workers)`: the plan with another worker count, to
     finish a resumed epoch with the count it started with), else a DataLoader with our samplers."""
-    if isinstance(dataset, ShardSplit):
-        return ShardLoader(dataset, plan, train=train, seed=seed, rank=rank, world_size=world_size, replan=replan)
+    if isinstance(dataset, StreamedSplit):
+        return dataset.make_loader(plan, train=train, seed=seed, rank=rank, world_size=world_size, replan=replan)
     return build_loader(dataset, plan, train=train, seed=seed, rank=rank, world_size=world_size)
 
 
@@ -123,7 +122,7 @@ def use_tuned_workers(data: RunData, settings: Config, info: dist.DistInfo, devi
     """Rebuild the training loader with the count `data.num_workers=tune` chose, and record the probe with its
     arguments (loader_args.json is written again by `save_loader_args`)."""
     replan = training_replan(settings, info, device)
-    if isinstance(data.bundle.train, ShardSplit):  # one count on every rank (see _agree_workers)
+    if isinstance(data.bundle.train, StreamedSplit):  # one count on every rank (see _agree_workers)
         tuned["chosen"] = dist.broadcast_object(tuned["chosen"], info)
         plan = replan(tuned["chosen"])
     else:
@@ -211,6 +210,8 @@ def build_data(
 ) -> RunData:
     """Dataset, loaders and feed; the effective loader arguments are logged, and saved by rank 0."""
     seed = settings.train.seed
+    if settings.dataset.extra is not None:  # e.g. dataset=shards: LitData and boto3, one line if either is missing
+        optional.require_extra(settings.dataset.extra, f"dataset={settings.dataset.name}")
     with dist.main_process_first(info):  # rank 0 generates `shapes` once; the others then reuse its files
         bundle = instantiate(settings.dataset, _convert_="all")
     log.info(
@@ -218,7 +219,7 @@ def build_data(
         *(bundle.name, len(bundle.train), len(bundle.val), bundle.num_classes, bundle.image_size),
     )
     gpu_decode = decodes_on_gpu(settings, device)
-    train_plan, val_plan = plan_loaders(settings, device, info, streamed=isinstance(bundle.train, ShardSplit))
+    train_plan, val_plan = plan_loaders(settings, device, info, streamed=isinstance(bundle.train, StreamedSplit))
     loader_args = {"train": train_plan.describe(), "val": val_plan.describe()}
     shard = {"rank": info.rank, "world_size": info.world_size}
     replan = training_replan(settings, info, device)

@@ -27,6 +27,11 @@ from imgtrain.data.jpeg import EncodedBatch, EncodedJpeg
 # worker freed of the crop and resize (1.3x the images per busy worker core at 32 px; BENCHMARKS.md, 2026-11-24
 # 22:25). A rule until a GPU run compares the two places (bench.py's r18_dataloader rows).
 DEVICE_AUGMENT_MAX_AREA = 2.0
+# data.augment_on=device: a batch whose canvas of windows (data/resample.py) would exceed this is cropped in the
+# worker instead. The canvas is padded to the batch's largest window, so one 4000x3000 photo among 255 ImageNet
+# images would ship 4.4 GB through shared memory, pinning and PCIe (BENCHMARKS.md, 2026-11-25); 256 ImageNet-sized
+# images' training windows take 173 MB. The bound is the device's chunk: at most one chunk per batch there.
+DEVICE_CANVAS_MAX_BYTES = resample.CHUNK_BYTES
 
 
 class Batch(NamedTuple):
@@ -64,8 +69,9 @@ class RawImage(NamedTuple):
 
 
 class RawBatch(NamedTuple):
-    """A batch of RawImages: uint8 [B, 3, H, W] (images of other sizes padded, each at the top left), the plans
-    [B, 11] and the output side. It moves like a tensor (`to`, `record_stream`); `resampled` crops it there."""
+    """A batch of RawImages: uint8 [B, 3, H, W] (each image cut to the window its plan reaches, padded to the
+    batch's largest at the top left: resample.window_canvas), the plans [B, 11] and the output side. It moves like
+    a tensor (`to`, `record_stream`); `resampled` crops it there."""
 
     images: torch.Tensor
     plan: torch.Tensor
@@ -80,10 +86,13 @@ class RawBatch(NamedTuple):
         return self._replace(images=images, plan=self.plan.to(device, non_blocking=non_blocking))
 
     def record_stream(self, stream: Any) -> None:
+        """Both tensors: `resampled` reads the plan on `stream` too, so neither block may be reused before then."""
         self.images.record_stream(stream)
+        self.plan.record_stream(stream)
 
     def resampled(self) -> torch.Tensor:
-        """Float [B, 3, size, size] in 0..255, on the images' device (two batched matmuls, data/resample.py)."""
+        """Float [B, 3, size, size] in 0..255, on the images' device (two batched matmuls a chunk of
+        resample.CHUNK_BYTES at a time, data/resample.py)."""
         return resample.resample(self.images, self.plan, self.size)
 
 
@@ -105,8 +114,10 @@ def collate(items: list[Sample]) -> Batch:
     if not kept:
         batch = Batch(None, torch.empty(0, dtype=torch.long), skipped)
     elif isinstance(kept[0][0], RawImage):
-        plans = torch.from_numpy(np.stack([raw.plan for raw, _ in kept]))
-        raw = RawBatch(resample.canvas([raw.image for raw, _ in kept]), plans, kept[0][0].size)
+        # Each image cut to what its plan reaches: a smaller canvas through shared memory, pinning and PCIe
+        size, plans = kept[0][0].size, np.stack([raw.plan for raw, _ in kept])
+        images, plans = resample.window_canvas([raw.image for raw, _ in kept], plans, size)
+        raw = RawBatch(images, torch.from_numpy(plans), size)
         batch = Batch(raw, torch.tensor([label for _, label in kept]), skipped)
     elif isinstance(kept[0][0], EncodedJpeg):
         labels = torch.tensor([label for _, label in kept])
@@ -129,10 +140,14 @@ def augmented(items: list[Sample]) -> list[Sample]:
     uncropped: list[Uncropped] = [items[i][0] for i in kept]
     images, spec = [u.image for u in uncropped], uncropped[0].spec
     seeds = None if uncropped[0].seed is None else np.array([u.seed for u in uncropped], dtype=np.int64)
-    if _on_device(images, spec, uncropped[0].augment_on):
-        plans = resample.plan_batch(*resample.sizes_of(images), seeds, spec)
+    plans = (
+        resample.plan_batch(*resample.sizes_of(images), seeds, spec)
+        if _on_device(images, spec, uncropped[0].augment_on)
+        else None
+    )
+    if plans is not None and resample.window_canvas_bytes(images, plans, spec.size) <= DEVICE_CANVAS_MAX_BYTES:
         images = [RawImage(image, plan, spec.size) for image, plan in zip(images, plans, strict=True)]
-    else:
+    else:  # the workers' place, or a batch whose canvas for the device would be too large (one huge photo)
         images = batched.augment_batch(images, seeds, spec)
     share = (time.perf_counter() - started) / len(kept)
     items = list(items)

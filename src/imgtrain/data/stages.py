@@ -5,7 +5,10 @@ augment seconds (`record`); `GuardedSamples` takes them (`take`) with the sample
 batch's samples into one `BatchTimes`, stamped with the moment the batch was finished. The training process
 then splits its data wait in two: waiting for a worker still computing, and `transfer`, the time from a
 finished batch to the loop holding it (queue, unpickling, pinning). `StreamTimer`s time the host-to-device copy
-and, with dataset.decode=cuda, the GPU decode, with CUDA events read at the logging window (never a sync of their own).
+and, with dataset.decode=cuda, the decode stream's span per batch (there a batch is finished when the decode thread
+hands it over, so `transfer` is not the decode's time), with CUDA events read at the logging window
+(never a sync of their own). That span is wall time on the stream, not GPU work: nvJPEG blocks the decode thread
+until the batch is decoded, and the stream waits for it in between.
 
 Cost: 6.9 us per image on the 2-core development machine (BENCHMARKS.md, `bench.py --only breakdown`), about
 1% of loading a 32-px JPEG; `data.stage_timings=false` turns the batch and copy clocks off.

@@ -87,7 +87,7 @@ def window_values(window: dict[str, float], workers: int, measured_copy: bool) -
             values["pipeline/transfer_frac_of_wait"] = min(1.0, window["transfer"] / window["wait"])
     if measured_copy and window["copies"]:
         values["pipeline/h2d_ms_per_batch"] = _per(window["h2d"], window["copies"])
-    if window["decodes"]:  # dataset.decode=cuda: the decode stream's time per batch (CUDA events)
+    if window["decodes"]:  # dataset.decode=cuda: the decode stream's wall time per batch (CUDA events; stages.py)
         values["pipeline/gpu_decode_ms_per_batch"] = _per(window["gpu_decode"], window["decodes"])
     return {key: value for key, value in values.items() if value is not None}
 

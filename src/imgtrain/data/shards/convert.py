@@ -31,7 +31,8 @@ from pathlib import Path
 import litdata
 from tqdm import tqdm
 
-from imgtrain.data.datasets import decode_problem
+from imgtrain.data import decoders
+from imgtrain.data.decoders import decode_problem
 from imgtrain.data.folders import folder_splits
 from imgtrain.data.shards import engine
 from imgtrain.data.shards.manifest import MANIFEST, PARTIAL, SPLITS, Manifest, SplitFiles
@@ -194,6 +195,7 @@ def _plan(store: Store, fingerprint: str) -> tuple[dict[str, dict], Manifest | N
 
 def convert(src: str, dst: str, *, val_fraction: float, split_seed: int, shard_mb: int, workers: int) -> Manifest:
     """Pack SRC into DST (see the module docstring); prints what it does and returns the manifest."""
+    decoders.check("imgtrain-shards")  # every image is decoded once, as training will, before it is packed
     source = Source.read(src, val_fraction, split_seed)
     store = Store(Location.parse(dst, key="DST"))
     store.check_reachable(create=True)
@@ -288,5 +290,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # python -m imgtrain.data.shards.convert SRC DST (imgtrain-shards is the same)
+if __name__ == "__main__":  # python -m imgtrain.data.shards.convert SRC DST (imgtrain-shards checks LitData first)
     sys.exit(main())

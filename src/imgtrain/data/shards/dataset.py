@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,22 +20,18 @@ from litdata import StreamingDataset
 from litdata.streaming.sampler import ChunkedIndex
 
 from imgtrain.config_fields import AugmentOn
-from imgtrain.data import batched
-from imgtrain.data.datasets import (
-    DECODE_ERRORS,
-    CorruptSampleError,
-    DatasetBundle,
-    decode_bytes,
-    error_reason,
-    imagenet_transforms,
-    triple,
-)
+from imgtrain.data import batched, decoders
+from imgtrain.data.datasets import CorruptSampleError, DatasetBundle, imagenet_transforms, triple
+from imgtrain.data.decoders import DECODE_ERRORS, decode_bytes, error_reason
 from imgtrain.data.jpeg import EncodedJpeg, jpeg_problem
+from imgtrain.data.loader import LoaderPlan
 from imgtrain.data.samplers import sample_seed
 from imgtrain.data.samples import GuardedSamples, Sample, Uncropped, seeded
 from imgtrain.data.shards import engine
+from imgtrain.data.shards.loader import ShardLoader
 from imgtrain.data.shards.manifest import SPLITS, Manifest, check_files, read_manifest
 from imgtrain.data.shards.store import Location, Store
+from imgtrain.data.streamed import StreamedSplit
 from imgtrain.errors import RunError
 
 
@@ -52,7 +48,7 @@ class Record:
     name: str  # <dataset root>:<path under the converted folder>, for messages and the unreadable-files list
 
 
-class ShardSplit(StreamingDataset):
+class ShardSplit(StreamingDataset, StreamedSplit):
     """One split of a converted dataset. LitData calls `__getitem__` in the worker for each sample of its order;
     this returns the folder path's `loader.Sample`: (image, label, unreadable files met, stage seconds)."""
 
@@ -96,6 +92,18 @@ class ShardSplit(StreamingDataset):
         self._previous = (self.current_epoch, record)
         times = (read, decode, augment, time.perf_counter() - started) if self.timed else None
         return image, record.label, tuple(skipped), times
+
+    def make_loader(
+        self,
+        plan: LoaderPlan,
+        *,
+        train: bool,
+        seed: int,
+        rank: int,
+        world_size: int,
+        replan: Callable[[int], LoaderPlan] | None = None,
+    ) -> ShardLoader:
+        return ShardLoader(self, plan, train=train, seed=seed, rank=rank, world_size=world_size, replan=replan)
 
     def __iter__(self) -> ShardSplit:
         try:
@@ -182,6 +190,8 @@ def build_shards(
 ) -> DatasetBundle:
     """The converted dataset at `root`, checked before any step: the store answers, the manifest is there and every
     shard has the size the converter wrote (one line naming what is wrong otherwise)."""
+    if str(decode) != "cuda":  # nvJPEG decodes on the GPU: no CPU decoder needed
+        decoders.check(f"dataset={name}", alternative="use dataset.decode=cuda on a GPU")
     location = Location.parse(root)
     store = Store(location, timeout_s)
     store.check_reachable()

@@ -14,18 +14,17 @@ worker's last incomplete batch; the run says so in one line.
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
-from litdata import StreamingDataLoader
+from litdata import StreamingDataLoader, StreamingDataset
 
 from imgtrain.data.failures import stop_workers
 from imgtrain.data.loader import LoaderPlan
 from imgtrain.data.samples import collate
-from imgtrain.data.shards.dataset import ShardSplit
+from imgtrain.data.streamed import StreamedLoader, opened
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +60,17 @@ class StreamBatches:
         self.stop()
 
 
-class ShardLoader:
-    """Batches of a ShardSplit with the effective DataLoader arguments of `plan` (LitData shards over the ranks
-    itself: there is no sampler). For training, `start_epoch` positions it; `state_dict` is saved in checkpoints.
-    `replan(workers)` gives the plan with another worker count (to finish a resumed epoch with its own; without
-    it, as for tune's probes, which never resume, a changed count is re-dealt by LitData)."""
+class ShardLoader(StreamedLoader):
+    """Batches of a ShardSplit (a StreamingDataset) with the effective DataLoader arguments of `plan` (LitData
+    shards over the ranks itself: there is no sampler). For training, `start_epoch` positions it; `state_dict` is
+    saved in checkpoints. `replan(workers)` gives the plan with another worker count (to finish a resumed epoch
+    with its own; without it, as for tune's probes, which never resume, a changed count is re-dealt by LitData)."""
 
     sampler = None
 
     def __init__(
         self,
-        dataset: ShardSplit,
+        dataset: StreamingDataset,
         plan: LoaderPlan,
         *,
         train: bool,
@@ -88,7 +87,7 @@ class ShardLoader:
         self.loader = self._loader(plan)
         self.epoch: dict[str, int] | None = None  # the epoch in progress and the topology it started with
         self.skip = 0  # batches of this epoch already trained on (a resumed epoch)
-        _OPEN.add(self)
+        opened(self)  # streamed.close_all stops its workers at the end of the run
 
     def _loader(self, plan: LoaderPlan) -> StreamingDataLoader:
         kwargs = dict(plan.kwargs)
@@ -113,8 +112,8 @@ class ShardLoader:
         """Stop the persistent workers now. LitData's loader and its iterator reference each other, so when the
         garbage collector breaks that cycle it finalizes the iterator's queues (weakref callbacks) before calling
         its shutdown, the shutdown message is lost and each worker waits out its 5 s poll before exiting (10 s at
-        the end of a run, measured). The run closes its loaders itself (`close_all`, and on an error or stop in an
-        epoch, `StreamBatches`)."""
+        the end of a run, measured). The run closes its loaders itself (`streamed.close_all`, and on an error or
+        stop in an epoch, `StreamBatches`)."""
         loader = getattr(self, "loader", None)  # None when __init__ failed before making it
         if hasattr(getattr(loader, "_iterator", None), "_shutdown_workers"):  # a worker iterator: stop, then drop it
             stop_workers(loader._iterator)
@@ -198,13 +197,3 @@ class ShardLoader:
             f"ranks ({again}each worker's last incomplete batch is left out), and later epochs follow the new "
             "order, so the run will not match an uninterrupted one bit for bit"
         )
-
-
-_OPEN: weakref.WeakSet[ShardLoader] = weakref.WeakSet()  # loaders whose workers may still run
-
-
-def close_all() -> None:
-    """Stop the workers of every ShardLoader still alive (the end of a run, whatever the way: an exception's
-    traceback can keep them referenced until the garbage collector takes them, too late, see `close`)."""
-    for loader in list(_OPEN):
-        loader.close()
