@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -38,6 +42,37 @@ def failure(*overrides: str, run_dir: Path) -> RunError:
 
 def pack(src: Path | str, dst: Path | str, *flags: str) -> int:
     return command.main([str(src), str(dst), "--workers", "2", *flags])
+
+
+@contextmanager
+def slowed_conversion(
+    source: Path, dst: Path, tmp: Path, slowed: str = "/", workers: int = 2
+) -> Iterator[subprocess.Popen]:
+    """The converter in a process group of its own, each image whose path holds `slowed` decoded 0.05 s slower (its
+    forked workers inherit the patch), staging under `tmp` (TMPDIR), its stdout and stderr piped; the group is
+    killed on the way out if it still runs (a failed test leaves nothing running)."""
+    code = (
+        "import sys, time; from imgtrain.data.shards import convert as c; real = c.decode_problem; "
+        f"c.decode_problem = lambda data, path: time.sleep(0.05) or real(data, path) if {slowed!r} in path else "
+        f"real(data, path); sys.exit(c.main([{str(source)!r}, {str(dst)!r}, '--workers', '{workers}']))"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def staging_folder(proc: subprocess.Popen) -> Path:
+    """Where a conversion stages its files: its first line says so."""
+    line = proc.stdout.readline().decode()
+    assert line.startswith("staging in "), line
+    return Path(line.split()[2])
 
 
 def stop_after_step_5(monkeypatch: pytest.MonkeyPatch, args: list[str], run_dir: Path) -> dict:

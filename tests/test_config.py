@@ -28,7 +28,8 @@ from imgtrain.config_datasets import CifarConfig, ImageFolderConfig, ShapesConfi
 from imgtrain.config_moved import MOVED_KEYS
 from imgtrain.errors import ConfigError
 
-GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+# The groups a user picks from. debug_dataset is picked by config.yaml from debug and dataset (tested below).
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "debug_dataset")
 OPTIONS = [(group, path.stem) for group in GROUPS for path in sorted((CONF_DIR / group).glob("*.yaml"))]
 SCHEMAS = {
     "shapes": ShapesConfig,
@@ -255,3 +256,16 @@ def test_a_former_trainer_key_gets_one_line_naming_its_new_place(override: str, 
         validate(compose_cfg(override))
     line = one_line(caught.value)
     assert expected in line and "\n" not in line, line
+
+
+@pytest.mark.parametrize("dataset", sorted(p.stem for p in (CONF_DIR / "dataset").glob("*.yaml")))
+def test_debug_fast_composes_and_validates_with_every_dataset(dataset: str, tmp_path: Path) -> None:
+    """Its size keys are the dataset's own (conf/debug_dataset/): generated sets shrink, the others stop early."""
+    root = [f"dataset.root={tmp_path}"] if dataset in ("imagefolder", "shards") else []
+    settings = validate(compose_cfg("debug=fast", f"dataset={dataset}", *root))
+    assert settings.dataset.image_size == 32 and settings.data.batch_size == 32
+    if hasattr(settings.dataset, "num_train"):
+        assert (settings.dataset.num_train, settings.dataset.num_val, settings.train.max_steps) == (256, 64, None)
+    else:
+        assert settings.train.max_steps == 8
+    assert (CONF_DIR / "debug_dataset" / f"fast_{dataset}.yaml").exists()  # a new dataset gets its own size too

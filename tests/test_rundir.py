@@ -42,11 +42,14 @@ def holder(tmp_path: Path):
     proc.wait(timeout=30)
 
 
-def _write_lock(run_dir: Path, **fields) -> None:
+def _write_lock(run_dir: Path, heartbeat: float | None = None, **fields) -> None:
+    """A lock file as another holder leaves it; its heartbeat is the file's mtime."""
     now = time.time()
-    holder = {"pid": 1, "host": "elsewhere", "started": now, "heartbeat": now, "job": "", "token": "x", **fields}
+    holder = {"pid": 1, "host": "elsewhere", "started": now, "job": "", "token": "x", **fields}
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / LOCK_NAME).write_text(json.dumps(holder))
+    beat = now if heartbeat is None else heartbeat
+    os.utime(run_dir / LOCK_NAME, (beat, beat))
 
 
 def test_a_second_run_in_a_held_directory_is_refused_before_touching_it(holder, data_dir: Path) -> None:
@@ -95,12 +98,18 @@ def test_another_hosts_lock_is_stale_only_after_its_heartbeat_stops(tmp_path: Pa
 
 
 def test_a_requeued_job_takes_over_its_earlier_attempt(tmp_path: Path, monkeypatch, caplog) -> None:
-    """SLURM requeues on another node while the old node's heartbeat is still fresh: the same job id."""
+    """SLURM requeues on another node while the dead node's heartbeat is still fresh: the same job id waits
+    for that heartbeat to be STALE_AFTER_S old, not more (a live one is refused: test_rundir_races.py)."""
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    _write_lock(tmp_path, job="SLURM_JOB_ID=4242")
+    monkeypatch.setattr(rundir, "STALE_AFTER_S", 2.0)
+    monkeypatch.setattr(rundir, "WAIT_POLL_S", 0.05, raising=False)
+    _write_lock(tmp_path, heartbeat=time.time() - 1.5, job="SLURM_JOB_ID=4242")
+    started = time.monotonic()
     with caplog.at_level(logging.WARNING), RunDirLock(tmp_path):
-        pass
+        waited = time.monotonic() - started
+    assert 0.3 < waited < 5.0, waited  # until the beat was 2 s old: about 0.5 s, not at once
+    assert "with this job's id (SLURM_JOB_ID=4242): waiting up to" in caplog.text
     assert "an earlier attempt of this job" in caplog.text
     _write_lock(tmp_path, job="SLURM_JOB_ID=1")  # another job: refused
     with pytest.raises(RunError, match="in use"):
@@ -110,9 +119,9 @@ def test_a_requeued_job_takes_over_its_earlier_attempt(tmp_path: Path, monkeypat
 def test_the_heartbeat_keeps_the_lock_fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rundir, "HEARTBEAT_S", 0.05)
     with RunDirLock(tmp_path) as lock:
-        first = json.loads((tmp_path / LOCK_NAME).read_text())["heartbeat"]
+        first = (tmp_path / LOCK_NAME).stat().st_mtime_ns  # the heartbeat is the file's mtime
         time.sleep(0.3)
-        assert json.loads((tmp_path / LOCK_NAME).read_text())["heartbeat"] > first
+        assert (tmp_path / LOCK_NAME).stat().st_mtime_ns > first
         assert lock.holder["token"] == json.loads((tmp_path / LOCK_NAME).read_text())["token"]
 
 

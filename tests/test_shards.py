@@ -25,6 +25,7 @@ from imgtrain.data.folders import folder_splits  # noqa: E402
 from imgtrain.data.loader import plan_loader  # noqa: E402
 from imgtrain.data.pipeline import make_loader  # noqa: E402
 from imgtrain.data.samples import RawBatch  # noqa: E402
+from imgtrain.data.shapes import ensure_shapes  # noqa: E402
 from imgtrain.data.shards import convert as converter  # noqa: E402
 from imgtrain.data.shards import dataset as shards_dataset  # noqa: E402
 from imgtrain.data.shards.dataset import ShardError, ShardSplit  # noqa: E402
@@ -36,12 +37,15 @@ from imgtrain.run import run  # noqa: E402
 
 def records(root: Path, split: str) -> list[dict]:
     """Every stored record of a split, by LitData's random access."""
-    dataset = ShardSplit(Location.parse(str(root)), split, None, gpu_decode=False, cache=_no_cache())
+    dataset = shard_split(root, split)
     return [dataset[i] for i in range(len(dataset))]
 
 
-def _no_cache() -> dict:
-    return {"dir": None, "limit": None, "timeout_s": 5.0}
+def shard_split(root: Path, split: str, transform=None, gpu_decode: bool = False) -> ShardSplit:
+    """A split of the shards at `root` (a directory) as build_shards makes it."""
+    samples = json.loads((root / MANIFEST).read_text())["splits"][split]["samples"]
+    cache = {"dir": None, "limit": None, "timeout_s": 5.0}
+    return ShardSplit(Location.parse(str(root)), split, transform, gpu_decode=gpu_decode, cache=cache, samples=samples)
 
 
 def test_samples_are_the_source_files_bytes_split_as_imagefolder_splits_them(source: Path, tmp_path: Path) -> None:
@@ -94,7 +98,10 @@ def test_a_destination_holding_something_else_is_refused(source: Path, shards: P
 def test_an_interrupted_conversion_never_looks_complete_and_resumes(
     source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    dst = tmp_path / "out"
+    dst, src = tmp_path / "out", tmp_path / "src"
+    shutil.copytree(source, src)
+    cut = sorted((src / "train" / "ring").iterdir())[0]
+    cut.write_bytes(cut.read_bytes()[:200])  # an unreadable image in the split that is kept
     real = converter.pack_split
 
     def stopped_in_val(source, store, split, *args):
@@ -103,17 +110,18 @@ def test_an_interrupted_conversion_never_looks_complete_and_resumes(
         return real(source, store, split, *args)
 
     monkeypatch.setattr(converter, "pack_split", stopped_in_val)
-    assert pack(source, dst) == 130
+    assert pack(src, dst) == 130
     assert "nothing there looks complete" in capsys.readouterr().err
     assert not (dst / MANIFEST).exists() and (dst / PARTIAL).exists()
     error = failure(*shards_args(dst), run_dir=tmp_path / "run")
     assert isinstance(error, ConfigError) and "a conversion into it did not finish" in str(error)
     written = {p: p.stat().st_mtime_ns for p in (dst / "train").iterdir()}
     monkeypatch.setattr(converter, "pack_split", real)
-    assert pack(source, dst) == 0
+    assert pack(src, dst) == 0
     assert "keeping train as written" in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in (dst / "train").iterdir()} == written  # kept, not rewritten
-    assert (dst / MANIFEST).exists() and not (dst / PARTIAL).exists()
+    assert not (dst / PARTIAL).exists()
+    assert list(json.loads((dst / MANIFEST).read_text())["unreadable"]) == [str(cut.relative_to(src))]  # kept too
 
 
 def test_training_on_shards_times_each_stage_and_validates_every_image(shards: Path, tmp_path: Path) -> None:
@@ -192,7 +200,7 @@ def test_shards_refuse_device_resident_in_one_line(shards: Path, tmp_path: Path)
 def test_with_decode_cuda_workers_hand_over_the_stored_jpeg_bytes(shards: Path, source: Path) -> None:
     """The worker half of dataset.decode=cuda, on the CPU: each batch is the stored JPEGs, undecoded, with the
     names of the images (the GPU half is tests/test_gpu.py)."""
-    split = ShardSplit(Location.parse(str(shards)), "val", None, gpu_decode=True, cache=_no_cache())
+    split = shard_split(shards, "val", gpu_decode=True)
     plan = plan_loader(DataConfig(num_workers=0, batch_size=16), train=False, device_type="cpu")
     batches = list(make_loader(split, plan, train=False, seed=0))
     images = [image for batch in batches for image in batch.images.files()]  # one byte buffer per batch
@@ -224,7 +232,7 @@ def test_a_shard_that_breaks_during_the_run_stops_it_in_one_line(
 def test_shard_batches_are_cropped_as_one_batch_in_the_workers_or_on_the_device(shards: Path) -> None:
     """Shards take the folders' batched path: `collate` crops the decoded batch at once (data.augment_on=workers),
     or sends it uncropped with its plans (device), and both give the same images within 1 level."""
-    split = ShardSplit(Location.parse(str(shards)), "val", eval_transform(24), gpu_decode=False, cache=_no_cache())
+    split = shard_split(shards, "val", eval_transform(24))
     batches = {}
     for place in (AugmentOn.workers, AugmentOn.device):
         data = DataConfig(num_workers=0, val_batch_size=16, augment_on=place)
@@ -236,3 +244,15 @@ def test_shard_batches_are_cropped_as_one_batch_in_the_workers_or_on_the_device(
         assert cropped.images.shape == (16, 3, 24, 24) and isinstance(raw.images, RawBatch)
         assert torch.equal(cropped.labels, raw.labels) and cropped.times.augment > 0
         assert (raw.images.resampled() - cropped.images.float()).abs().max() <= 1.01
+
+
+def test_too_few_images_for_one_batch_names_the_stored_count(tmp_path: Path) -> None:
+    """22 training images, batches of 64: LitData deals whole batches only, so its len() is 0; the line gives the 22
+    the split holds (issue 33), not LitData's 0."""
+    small = tmp_path / "small"
+    assert pack(ensure_shapes(str(tmp_path / "src"), 32, 22, 6, 0), small) == 0
+    line = str(failure(*shards_args(small, "data.batch_size=64"), run_dir=tmp_path / "run"))
+    assert line == (
+        "data.batch_size=64 is larger than the training split of 22 images, and LitData gives whole batches only "
+        "with data.drop_last=true: lower it or set drop_last=false"
+    )

@@ -1,6 +1,7 @@
 """dataset=shards through real processes where the process is the point: exact resume after a real SIGTERM, a
 resume with another worker count or world size, DDP (each rank a disjoint share, each sample once per epoch), a
-conversion killed with SIGKILL, and a worker sweep with num_workers=tune."""
+conversion stopped by SIGTERM or Ctrl-C (its staging folder and workers gone) or killed with SIGKILL, and a worker
+sweep with num_workers=tune."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from helpers import ROOT, compose_cfg, interrupt, read_metrics, run_train
-from shardhelpers import shards_args, stop_after_step_5
+from shardhelpers import shards_args, slowed_conversion, staging_folder, stop_after_step_5
 
 pytest.importorskip("litdata", reason="dataset=shards needs the shards extra: pip install -e '.[shards]'")
 
@@ -113,31 +115,56 @@ def test_under_ddp_each_rank_reads_a_disjoint_share_and_each_sample_once(shards:
     assert read_metrics(tmp_path / "run")["steps"] == 4 and read_metrics(tmp_path / "run")["world_size"] == 2
 
 
+@pytest.mark.parametrize("how", ["SIGTERM to the process", "Ctrl-C to the group"])
+def test_a_stopped_conversion_removes_its_staging_folder_and_workers(how: str, source: Path, tmp_path: Path) -> None:
+    """About 4 s each. SIGTERM used to end the converter on the spot, and Ctrl-C ended it with status 0 (LitData's
+    own SIGINT handler): either way its staging folder stayed in /tmp."""
+    (tmp_path / "tmp").mkdir()
+    with slowed_conversion(source, tmp_path / "out", tmp_path / "tmp") as proc:
+        folder = staging_folder(proc)
+        deadline = time.monotonic() + 60
+        while len(workers := psutil.Process(proc.pid).children(recursive=True)) < 2:  # LitData's workers run
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()
+            time.sleep(0.05)
+        time.sleep(0.5)  # into their images
+        assert folder.is_dir()
+        if how.startswith("SIGTERM"):
+            os.kill(proc.pid, signal.SIGTERM)  # as `kill PID` or a scheduler does: the converter alone
+        else:
+            os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C in a terminal: the whole foreground group
+        err = proc.communicate(timeout=30)[1].decode()
+    assert proc.returncode == (143 if how.startswith("SIGTERM") else 130), err
+    assert "stopped: " in err and "Traceback" not in err
+    assert not folder.exists() and not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
 @pytest.mark.slow  # a conversion slowed down and killed, then run again: about 15 s
 def test_a_conversion_killed_with_sigkill_never_looks_complete_and_resumes(source: Path, tmp_path: Path) -> None:
-    dst = tmp_path / "out"
-    # The converter with its validation images slowed down (its forked workers inherit the patch), so the kill lands
-    # after the train split is finished and during the val split.
-    slowed = (
-        "import sys, time; from imgtrain.data.shards import convert as c; real = c.decode_problem; "
-        "c.decode_problem = lambda data, path: time.sleep(0.05) or real(data, path) if '/val/' in path else "
-        f"real(data, path); sys.exit(c.main([{str(source)!r}, {str(dst)!r}, '--workers', '1']))"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", slowed], start_new_session=True, stdout=subprocess.DEVNULL)
-    partial = dst / PARTIAL
-    deadline = time.monotonic() + 120
-    while not (partial.exists() and '"train"' in partial.read_text()):  # the train split is recorded as done
-        assert proc.poll() is None and time.monotonic() < deadline, "the conversion ended before the kill"
-        time.sleep(0.05)
-    time.sleep(0.5)  # into the val split
-    os.killpg(proc.pid, signal.SIGKILL)  # no handler runs: whatever is on disk stays as it is
-    proc.wait(timeout=30)
-    assert not (dst / MANIFEST).exists() and partial.exists()
+    dst, tmp = tmp_path / "out", tmp_path / "tmp"
+    tmp.mkdir()
+    # The converter with its validation images slowed down, so the kill lands after the train split is finished
+    # and during the val split.
+    with slowed_conversion(source, dst, tmp, slowed="/val/", workers=1) as proc:
+        folder = staging_folder(proc)  # said on its first line
+        partial = dst / PARTIAL
+        deadline = time.monotonic() + 120
+        while not (partial.exists() and '"train"' in partial.read_text()):  # the train split is recorded as done
+            assert proc.poll() is None and time.monotonic() < deadline, "the conversion ended before the kill"
+            time.sleep(0.05)
+        time.sleep(0.5)  # into the val split
+        os.killpg(proc.pid, signal.SIGKILL)  # no handler runs: whatever is on disk stays as it is
+        proc.wait(timeout=30)
+    assert not (dst / MANIFEST).exists() and partial.exists() and folder.is_dir()
     result = subprocess.run(
-        [sys.executable, "-m", "imgtrain.data.shards.convert", str(source), str(dst)], capture_output=True, text=True
+        [sys.executable, "-m", "imgtrain.data.shards.convert", str(source), str(dst)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "resuming an unfinished conversion" in result.stdout and "keeping train as written" in result.stdout
+    assert f"staging in {folder} (removed when the conversion ends, after removing what a killed" in result.stdout
+    assert not folder.exists()
     manifest = json.loads((dst / MANIFEST).read_text())
     assert (manifest["splits"]["train"]["samples"], manifest["splits"]["val"]["samples"]) == (256, 64)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import os
 import re
@@ -180,13 +181,28 @@ def barrier() -> None:
         dist.barrier()
 
 
-def broadcast_object(value, info: DistInfo):
-    """Rank 0's value on every rank."""
+def _encoded(value: Any) -> torch.Tensor:
+    """`value` as JSON bytes (TypeError for anything but plain data: str, numbers, bool, None, lists, dicts)."""
+    return torch.frombuffer(bytearray(json.dumps(value).encode()), dtype=torch.uint8)
+
+
+def _decoded(payload: torch.Tensor) -> Any:
+    return json.loads(payload.numpy().tobytes())
+
+
+def broadcast_plain(value: Any, info: DistInfo) -> Any:
+    """Rank 0's `value` on every rank, as JSON: plain data only (tuples arrive as lists, on rank 0 too). Not
+    torch's object collectives, which unpickle what a peer sends: the rendezvous store takes any process that
+    connects, so a peer's bytes are parsed, never run. On the CPU (gloo): no GPU sync."""
     if not info.enabled:
-        return value
-    holder = [value]
-    dist.broadcast_object_list(holder, src=0)
-    return holder[0]
+        return json.loads(json.dumps(value))
+    payload = _encoded(value) if info.is_main else torch.empty(0, dtype=torch.uint8)
+    size = torch.tensor([payload.numel()], dtype=torch.int64)
+    dist.broadcast(size, src=0, group=_host_group)
+    if not info.is_main:
+        payload = torch.empty(int(size), dtype=torch.uint8)
+    dist.broadcast(payload, src=0, group=_host_group)
+    return _decoded(payload)
 
 
 def all_gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
@@ -217,13 +233,18 @@ def all_gather_host(values: list[float]) -> list[list[float]]:
     return [row.tolist() for row in rows]
 
 
-def all_gather_objects(value: Any) -> list[Any]:
-    """Every rank's picklable `value` (one collective, for rare events); a one-item list for a single process."""
+def all_gather_plain(value: Any) -> list[Any]:
+    """Every rank's `value`, plain data as JSON (see `broadcast_plain`; for rare events); a one-item list for a
+    single process."""
     if not dist.is_initialized():
-        return [value]
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
-    return gathered
+        return [json.loads(json.dumps(value))]
+    payload = _encoded(value)
+    sizes = [int(row[0]) for row in all_gather_host([payload.numel()])]
+    padded = torch.zeros(max(sizes), dtype=torch.uint8)
+    padded[: payload.numel()] = payload
+    rows = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(rows, padded, group=_host_group)
+    return [_decoded(row[:size]) for row, size in zip(rows, sizes, strict=True)]
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:

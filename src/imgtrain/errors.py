@@ -44,6 +44,12 @@ class RunEnded(SystemExit):
         return ended
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message, or its type's name when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def is_bad_input(error: BaseException) -> bool:
     """Bad input (exit status 2) rather than a failure during training (1): a ConfigError, or an error of Hydra or
     OmegaConf (composition, interpolation) that is not wrapping a RunError raised while running."""

@@ -256,7 +256,7 @@ class Faults:
         if self.alone:
             rows = [self.bad.new_files]
         elif self.counts.skipped_samples:
-            rows = dist.all_gather_objects(self.bad.new_files)
+            rows = dist.all_gather_plain(self.bad.new_files)
         else:
             return
         for row in rows:

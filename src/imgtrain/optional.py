@@ -12,7 +12,7 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
-from imgtrain.errors import ConfigError
+from imgtrain.errors import ConfigError, first_line
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,6 @@ LOAD_ERRORS = (ImportError, OSError, RuntimeError)
 
 class MissingEngine(ConfigError):
     """An optional package a run needs is missing or does not load (exit status 2, before any work starts)."""
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def install_hint(engine: Engine) -> str:

@@ -133,7 +133,7 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 
 def _train(settings: Config, info: dist.DistInfo, device: torch.device, precision: str) -> dict:
     started = time.perf_counter()
-    out_dir = Path(dist.broadcast_object(settings.output_dir, info))  # rank 0's run directory, on every rank
+    out_dir = Path(dist.broadcast_plain(settings.output_dir, info))  # rank 0's run directory, on every rank
     with rundir.hold(out_dir, info):  # one writer per run directory: another run there stops here, with one line
         return _train_locked(settings, info, device, precision, out_dir, started)
 

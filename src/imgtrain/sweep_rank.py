@@ -24,6 +24,10 @@ NOISY_SPREAD = 0.15
 # Without repeats: the smallest speed-up called a difference (a ratio of medians of 1.10; the same job on a shared
 # machine moves by about 10% within an hour). The sweep callback's `min_gain` overrides it.
 MIN_GAIN = 0.10
+# A tie's memory peaks (PSS) count as different only when apart by more than this, or by more than the most that
+# repeats of one setting differed by, whichever is larger: the same setting's PSS moves by a few percent between
+# runs (page cache, allocator), and that noise must not outrank what the sweep was about.
+MEMORY_NOISE = 0.10
 
 
 def spread_of(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -43,6 +47,8 @@ def spread_of(metrics: dict[str, Any]) -> dict[str, Any]:
         "interval_note": metrics.get("images_per_sec_interval_note") or ("" if interval else "too few windows"),
         "workers": loader.get("num_workers"),
         "pin": loader.get("pin_memory"),
+        "prefetch": loader.get("prefetch_factor"),  # absent (None) without workers: nothing prefetched
+        "persistent": loader.get("persistent_workers"),
     }
 
 
@@ -73,8 +79,9 @@ def rank(rows: list[dict[str, Any]], min_gain: float = MIN_GAIN) -> dict[str, An
     for row in measured:  # how much faster the leader is than each (the decision line quotes the smallest)
         row["gap"] = leader["rate_median"] / row["rate_median"] - 1 if row["rate_median"] else math.inf
     tied = [row for row in measured if overlaps(_interval(row), _interval(leader)) or row["gap"] <= gain]
-    best = leader if len(tied) == 1 else cheapest(tied)
-    best["resolution"] = why
+    noise = memory_noise(repeats)
+    best = leader if len(tied) == 1 else cheapest(tied, noise)
+    best["resolution"], best["memory_noise"] = why, noise
     for row in measured:
         if len(tied) == 1:
             row["standing"] = "fastest" if row is leader else "slower"
@@ -163,16 +170,33 @@ def drift(rows: list[dict[str, Any]]) -> str:
     return f"Drift: a setting's last run against its first: {moved:+.1%} (median of {len(changes)}); {gap}{verdict}."
 
 
-def cheapest(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Of settings that run equally fast: the fewest DataLoader workers, then the least memory (PSS), then
-    pin_memory=false (no page-locked buffers)."""
+def cheapest(rows: list[dict[str, Any]], noise: float = MEMORY_NOISE) -> dict[str, Any]:
+    """Of settings that run equally fast, the one that asks least of the machine. A memory peak (PSS) more than
+    `noise` above the lowest rules a setting out; among the rest: pin_memory=false (no page-locked buffers), then
+    the fewest DataLoader workers, then the fewest prefetched batches, then no persistent workers, then the
+    lowest PSS."""
+    peaks = [row["pss_peak_gb"] for row in rows if row.get("pss_peak_gb")]
+    ceiling = min(peaks) * (1 + noise) if peaks else math.inf
+    affordable = [row for row in rows if (row.get("pss_peak_gb") or 0.0) <= ceiling]
 
-    def cost(row: dict[str, Any]) -> tuple[float, float, int]:
-        workers = row.get("workers")
-        pss = row.get("pss_peak_gb")
-        return (math.inf if workers is None else workers, math.inf if pss is None else pss, int(bool(row.get("pin"))))
+    def cost(row: dict[str, Any]) -> tuple[int, float, float, int, float]:
+        workers = math.inf if row.get("workers") is None else row["workers"]
+        prefetched = workers * (row.get("prefetch") or 0) if workers else 0  # batches in flight
+        return (int(bool(row.get("pin"))), workers, prefetched, int(bool(row.get("persistent")) and workers > 0),
+                row.get("pss_peak_gb") or math.inf)  # fmt: skip
 
-    return min(rows, key=cost)
+    return min(affordable, key=cost)
+
+
+def memory_noise(repeats: dict[tuple, list[dict[str, Any]]]) -> float:
+    """How far apart two memory peaks must be to differ: MEMORY_NOISE, or the most two runs of one setting's PSS
+    differed by in this sweep (repeat=0,1), if larger."""
+    spreads = [
+        max(peaks) / min(peaks) - 1
+        for peaks in ([row["pss_peak_gb"] for row in group if row.get("pss_peak_gb")] for group in repeats.values())
+        if len(peaks) > 1
+    ]
+    return max([MEMORY_NOISE, *spreads])
 
 
 def decision(rows: list[dict[str, Any]], swept: list[str], best: dict[str, Any] | None) -> str:
@@ -203,8 +227,17 @@ def decision(rows: list[dict[str, Any]], swept: list[str], best: dict[str, Any] 
     names = ", ".join(describe(row, swept) for row in tied)
     return (
         f"Tied within noise: {names} (their intervals overlap, or they differ by less than the sweep's resolution, "
-        f"{best['resolution']}). Recommended: {describe(best, swept)}, the cheapest of them (fewest workers, then "
-        f"least memory, then pin_memory=false), at {figure}."
+        f"{best['resolution']}). Recommended: {describe(best, swept)}, the cheapest of them "
+        f"({cheapest_order(best.get('memory_noise', MEMORY_NOISE))}), "
+        f"at {figure}."
+    )
+
+
+def cheapest_order(noise: float) -> str:
+    """`cheapest`'s order, in words for the decision line."""
+    return (
+        f"pin_memory=false, then fewest workers, fewest prefetched batches, no persistent workers, among those whose "
+        f"memory peak is within {noise:.0%} of the lowest"
     )
 
 

@@ -88,12 +88,22 @@ BATCH_KEY = "data.batch_size"  # part of the training recipe: a sweep over it sa
 STOPPED = "stopped.json"  # a job a stop signal ended (its checkpoint saved): it ends the sweep too
 
 
+def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the JSON object in `path`, None), or (None, why it cannot be read): one damaged job file marks its row,
+    it does not end the whole report."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return None, f"{path.name} cannot be read ({str(error).splitlines()[0]})"
+    return (value, None) if isinstance(value, dict) else (None, f"{path.name} does not hold a JSON object")
+
+
 def read_job(job_dir: Path) -> dict[str, Any]:
     """One row: the job's overrides, its status, and its figures (empty when it failed)."""
     row: dict[str, Any] = {"job": job_dir.name, "overrides": _overrides(job_dir)}
     metrics_path, failed_path, stopped_path = job_dir / "metrics.json", job_dir / "failed.json", job_dir / STOPPED
-    if metrics_path.exists():
-        metrics = json.loads(metrics_path.read_text())
+    metrics, problem = _read_json(metrics_path) if metrics_path.exists() else (None, None)
+    if metrics is not None:
         row["status"], row["reason"] = "ok", metrics.get("images_per_sec_note") or ""  # why a figure is missing
         row.update({key: metrics.get(key) for key in METRIC_COLUMNS})
         row["images_per_sec_p25"], row["images_per_sec_p75"] = _quartiles(metrics.get("images_per_sec_windows") or [])
@@ -102,10 +112,11 @@ def read_job(job_dir: Path) -> dict[str, Any]:
         row["mode"] = metrics.get("mode", "train")
         row.update(_optional(metrics))
     else:
-        reason, status = "no metrics.json: the job was killed or crashed before it finished", "failed"
+        reason, status = problem or "no metrics.json: the job was killed or crashed before it finished", "failed"
         for path, meaning in ((failed_path, "failed"), (stopped_path, "stopped")):
             if path.exists():
-                reason, status = json.loads(path.read_text()).get("error", reason), meaning
+                record, unreadable = _read_json(path)
+                reason, status = (record or {}).get("error", unreadable or reason), meaning
         row["status"], row["reason"], row["verdict"], row["mode"] = status, reason, "", ""
         row.update({key: None for key in METRIC_COLUMNS})
         row.update(_optional({}))

@@ -27,7 +27,7 @@ from imgtrain.checkpoint.files import load as load_checkpoint
 from imgtrain.checkpoint.state import HostSnapshot, Progress, capture_rng, progress_dict, progress_from, restore_rng
 from imgtrain.checkpoint.writer import AsyncWriter
 from imgtrain.config import Config, Mode
-from imgtrain.errors import ConfigError, RunError
+from imgtrain.errors import ConfigError, RunError, first_line
 from imgtrain.faults import Faults, Preempted, Stop, StopReason
 from imgtrain.optim import Step
 
@@ -139,7 +139,7 @@ class Checkpointer:
         kill rank 0 mid-write, and a failed write stops every rank with the same line)."""
         where = self.save(best=best, wait=True, nan_read=nan_read)
         failure = str(self._write_failure()) if self.store.enabled and self.writer.failure is not None else None
-        failure = dist.broadcast_object(failure, self.info)
+        failure = dist.broadcast_plain(failure, self.info)
         if failure:
             raise RunError(failure)
         return where
@@ -228,10 +228,10 @@ class Checkpointer:
                 found = locate(self.settings.checkpoint.resume, self.store)
             except (ConfigError, RunError) as error:
                 problem = error
-        chosen = dist.broadcast_object(
+        chosen = dist.broadcast_plain(
             ("error", str(problem)) if problem else str(found[0]) if found else None, self.info
         )
-        if isinstance(chosen, tuple):  # every rank stops with rank 0's message, none waits for the others
+        if isinstance(chosen, list):  # every rank stops with rank 0's message, none waits for the others
             raise problem if problem else RunError(chosen[1])
         if chosen is None:
             return self.progress
@@ -246,22 +246,30 @@ class Checkpointer:
             self.model.load_state_dict(payload["model"])
             self.step_state.load_state_dict(payload)
         except (RuntimeError, ValueError, KeyError) as error:  # another model, optimizer or number of classes
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise RunError(
-                f"the checkpoint {chosen} does not fit this run's model or optimizer ({first}): resume with the "
-                "settings it was trained with, or pass checkpoint.resume=none (or a new hydra.run.dir) to start over"
+                f"the checkpoint {chosen} does not fit this run's model or optimizer ({first_line(error)}): resume "
+                "with the settings it was trained with, or pass checkpoint.resume=none (or a new hydra.run.dir) to "
+                "start over"
             ) from None
-        restore_rng(payload["rng"])
-        if self.order is not None:
-            self.order.load_state_dict(payload.get("data_order"))
-        self.progress, counts = progress_from(payload, replicas)
+        try:  # a file that passed load()'s checks but not written by this format (edited, or from elsewhere)
+            restore_rng(payload["rng"])
+            if self.order is not None:
+                self.order.load_state_dict(payload.get("data_order"))
+            self.progress, counts = progress_from(payload, replicas)
+            saved_batch = int(payload["global_batch"])
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as error:
+            what = f"no {error}" if isinstance(error, KeyError) else first_line(error)
+            raise RunError(
+                f"the checkpoint {chosen} is not one imgtrain can resume ({what}): pass checkpoint.resume=none (or a "
+                "new hydra.run.dir) to start over, or checkpoint.resume=<another checkpoint>"
+            ) from None
         self.faults.restore(counts)
         global_batch = self.settings.data.batch_size * self.info.world_size
-        if payload["global_batch"] != global_batch:
+        if saved_batch != global_batch:
             log.warning(
                 "the checkpoint was trained with a global batch of %d, this run uses %d: the epoch resumes at the "
                 "same sample, and the step count and LR schedule follow the new setting",
-                *(payload["global_batch"], global_batch),
+                *(saved_batch, global_batch),
             )
         log.info(
             "resuming from %s: step %d, epoch %d, %d samples into the epoch",

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
+import re
+import secrets
 import shutil
+import stat
 import zipfile
 import zlib
 from pathlib import Path
@@ -17,13 +21,21 @@ from typing import Any
 import torch
 
 from imgtrain.errors import ConfigError, RunError
-from imgtrain.host import atomic_write
+from imgtrain.host import atomic_write, fsync_dir
 
 log = logging.getLogger(__name__)
 
 FORMAT = "imgtrain-checkpoint"
 FORMAT_VERSION = 1
 DIRNAME = "checkpoints"
+
+
+SAFE_TORCH = (2, 10)  # the first torch whose weights_only loader has no known bypass (see `load`)
+
+
+def torch_release() -> tuple[int, int]:
+    major, minor = re.match(r"(\d+)\.(\d+)", torch.__version__).groups()
+    return int(major), int(minor)
 
 
 class CheckpointError(Exception):
@@ -63,12 +75,22 @@ def load(path: Path) -> dict[str, Any]:
     lives (AdamW's `step` stays on the CPU unless the optimizer is fused), and the RNG states must be CPU
     tensors anyway. Mapping to the GPU here broke resume on CUDA.
     """
+    if torch_release() < SAFE_TORCH:
+        raise CheckpointError(
+            f"torch {torch.__version__} cannot load it safely: its weights_only loader has known bypasses before "
+            f"{'.'.join(map(str, SAFE_TORCH))} (CVE-2025-32434, CVE-2026-24747); install torch>=2.10"
+        )
     reason = damage(path)
     if reason:
         raise CheckpointError(reason)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - any unpickling failure means the same thing here
+    except pickle.UnpicklingError as error:  # weights_only refused a global: code that loading would have run
+        detail = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), "")
+        raise CheckpointError(
+            f"it holds Python objects other than tensors and plain data, which are never loaded ({detail})"
+        ) from error
+    except Exception as error:  # noqa: BLE001 - any other unpickling failure means the same thing here
         raise CheckpointError(str(error).strip().splitlines()[0]) from error
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError("not an imgtrain checkpoint")
@@ -89,7 +111,13 @@ class CheckpointStore:
         self._last_trusted: bool | None = None  # None: not checked yet
         if enabled and directory.is_dir():
             for stale in directory.glob(".*.tmp"):  # left by a process killed mid-write (the run-directory
-                stale.unlink(missing_ok=True)  # lock makes sure no other process is writing one now)
+                try:  # lock makes sure no other process is writing one now); a planted link, not its target
+                    if stat.S_ISREG(stale.lstat().st_mode) or stale.is_symlink():
+                        stale.unlink()
+                except FileNotFoundError:
+                    pass
+                except OSError as error:  # not ours to remove: it costs only its space
+                    log.warning("could not remove the leftover file %s (%s)", stale, error.strerror or error)
 
     def save(self, payload: dict[str, Any], best: bool = False) -> Path:
         """Write last.pt; the previous last.pt, if it verifies, becomes last.prev.pt. Never replaces good with bad.
@@ -110,15 +138,25 @@ class CheckpointStore:
         return self.last
 
     def mark_best(self) -> None:
-        """best.pt = the last.pt just written: a hard link (no copy) where the filesystem allows it."""
+        """best.pt = the last.pt just written: a hard link (no copy) where the filesystem allows it.
+
+        The link gets a random temporary name (as in `atomic_write`; os.link never follows or replaces what is
+        there); without hard links, or should a plant hold that name, a copy is written by `atomic_write`."""
         if not self.enabled:
             return
-        tmp = self.directory / f".best.pt.{os.getpid()}.tmp"
+        tmp = self.directory / f".best.pt.{secrets.token_hex(8)}.tmp"
         try:
             os.link(self.last, tmp)
         except OSError:
-            shutil.copyfile(self.last, tmp)
-        os.replace(tmp, self.best)
+            with open(self.last, "rb") as source:
+                atomic_write(self.best, lambda f: shutil.copyfileobj(source, f), durable=True)
+            return
+        try:
+            os.replace(tmp, self.best)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(self.directory)  # the rename itself, durable as last.pt's
 
     def _trust_last(self) -> bool:
         if self._last_trusted is None:

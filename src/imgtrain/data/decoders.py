@@ -21,8 +21,8 @@ import torch
 import torchvision
 from PIL import Image, UnidentifiedImageError
 
-from imgtrain.errors import ConfigError
-from imgtrain.optional import LOAD_ERRORS, first_line
+from imgtrain.errors import ConfigError, first_line
+from imgtrain.optional import LOAD_ERRORS
 
 log = logging.getLogger(__name__)
 

@@ -1,12 +1,12 @@
-"""An image folder's layout: its classes and images (torchvision's own helpers), and the train/val split that
-`dataset=imagefolder` and `imgtrain-shards` share, so a model trained on shards sees the same split."""
+"""An image folder's layout: its classes and images (as torchvision's ImageFolder lists them), and the train/val
+split that `dataset=imagefolder` and `imgtrain-shards` share, so a model trained on shards sees the same split."""
 
 from __future__ import annotations
 
 import os
 
 import numpy as np
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
 from imgtrain.errors import ConfigError
 
@@ -18,22 +18,67 @@ def _no_images(root: str) -> ConfigError:
 
 
 def list_images(directory: str, class_to_idx: dict[str, int] | None = None) -> tuple[list[str], list[int], list[str]]:
-    """(paths, labels, classes) of directory/<class>/**/<image>, via torchvision's own helpers.
+    """(paths, labels, classes) of directory/<class>/**/<image>, as torchvision's ImageFolder lists them.
 
     Without `class_to_idx` the classes are discovered, and folders without images (or hidden ones) left out.
     """
     if class_to_idx is not None:
-        samples = make_dataset(directory, class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+        samples = make_dataset(directory, class_to_idx)
         classes = sorted(class_to_idx, key=class_to_idx.__getitem__)
         return [p for p, _ in samples], [label for _, label in samples], classes
     try:
         names = [n for n in find_classes(directory)[0] if not n.startswith(".")]
     except FileNotFoundError:
         return [], [], []
-    samples = make_dataset(directory, {n: i for i, n in enumerate(names)}, extensions=IMG_EXTENSIONS, allow_empty=True)
+    samples = make_dataset(directory, {n: i for i, n in enumerate(names)})
     used = sorted({label for _, label in samples})
     remap = {old: new for new, old in enumerate(used)}
     return [p for p, _ in samples], [remap[label] for _, label in samples], [names[i] for i in used]
+
+
+def make_dataset(directory: str, class_to_idx: dict[str, int]) -> list[tuple[str, int]]:
+    """torchvision's `make_dataset` (same images, same order; classes without images allowed), walking each class
+    folder with `_walk`, which refuses a symlink loop instead of following it."""
+    samples = []
+    for name in sorted(class_to_idx):
+        folder = os.path.join(os.path.expanduser(directory), name)
+        if not os.path.isdir(folder):
+            continue
+        for root, files in sorted(_walk(folder)):
+            samples += [
+                (os.path.join(root, f), class_to_idx[name]) for f in sorted(files) if f.lower().endswith(IMG_EXTENSIONS)
+            ]
+    return samples
+
+
+def _walk(top: str) -> list[tuple[str, list[str]]]:
+    """(folder, file names) of every folder under `top`, symlinked folders followed as torchvision follows them,
+    but a link back to a folder on its own path is one line: os.walk follows it until the path is too long (every
+    image listed tens of times; with two such links, for ever)."""
+    found, chains = [], {top: frozenset([os.path.realpath(top)])}  # folder -> the real folders on its path
+    for root, dirs, files in os.walk(top, followlinks=True):
+        chain = chains.pop(root)
+        for name in dirs:
+            path = os.path.join(root, name)
+            real = os.path.realpath(path)
+            if real in chain:
+                raise ConfigError(
+                    f"a symlink loop under {top}: {_first_link(top, path)} leads back to {real}, so listing it would "
+                    "never end; remove the link or point it elsewhere"
+                )
+            chains[path] = chain | {real}
+        found.append((root, files))
+    return found
+
+
+def _first_link(top: str, path: str) -> str:
+    """The symlink on the way from `top` to `path` (what to remove), or `path` itself."""
+    current = top
+    for part in os.path.relpath(path, top).split(os.sep):
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            return current
+    return path
 
 
 def split_indices(labels: list[int], val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

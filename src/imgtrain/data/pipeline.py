@@ -123,7 +123,7 @@ def use_tuned_workers(data: RunData, settings: Config, info: dist.DistInfo, devi
     arguments (loader_args.json is written again by `save_loader_args`)."""
     replan = training_replan(settings, info, device)
     if isinstance(data.bundle.train, StreamedSplit):  # one count on every rank (see _agree_workers)
-        tuned["chosen"] = dist.broadcast_object(tuned["chosen"], info)
+        tuned["chosen"] = dist.broadcast_plain(tuned["chosen"], info)
         plan = replan(tuned["chosen"])
     else:
         plan = plan_with_workers(settings.data, tuned["chosen"], device.type, info)
@@ -198,11 +198,30 @@ def _agree_workers(settings: Config, plan: LoaderPlan, info: dist.DistInfo, devi
     rank 0's count (one broadcast, when the loaders are built)."""
     if info.world_size == 1:
         return plan
-    workers = dist.broadcast_object(plan.kwargs["num_workers"], info)
+    workers = dist.broadcast_plain(plan.kwargs["num_workers"], info)
     if workers == plan.kwargs["num_workers"]:
         return plan
     log.warning("dataset=shards: data.num_workers=%d on every rank, rank 0's (LitData needs one count)", workers)
     return _streamed(settings, plan_with_workers(settings.data, workers, device.type, info), info)
+
+
+def _no_batch(batch_size: int, train: Any, world_size: int) -> str:
+    """Why the training loader has no batch: the split is smaller than one batch (per rank, for a streamed split,
+    which LitData deals to the ranks in whole batches only: its `len()` is then 0, the stored count `samples`)."""
+    if not isinstance(train, StreamedSplit):
+        return (
+            f"data.batch_size={batch_size} is larger than the training split of {len(train)} images with "
+            "data.drop_last=true: lower it or set drop_last=false"
+        )
+    if world_size > 1:  # drop_last=false would give the whole remainder to the last rank: unequal step counts
+        return (
+            f"data.batch_size={batch_size} x {world_size} ranks is more than the training split of {train.samples} "
+            "images: LitData gives each rank whole batches only: lower data.batch_size"
+        )
+    return (
+        f"data.batch_size={batch_size} is larger than the training split of {train.samples} images, and LitData "
+        "gives whole batches only with data.drop_last=true: lower it or set drop_last=false"
+    )
 
 
 def build_data(
@@ -226,10 +245,7 @@ def build_data(
     train_loader = make_loader(bundle.train, train_plan, train=True, seed=seed, replan=replan, **shard)
     val_loader = make_loader(bundle.val, val_plan, train=False, seed=seed, **shard)
     if len(train_loader) == 0:
-        raise ConfigError(
-            f"data.batch_size={settings.data.batch_size} is larger than the training split of "
-            f"{len(bundle.train)} images with data.drop_last=true: lower it or set drop_last=false"
-        )
+        raise ConfigError(_no_batch(settings.data.batch_size, bundle.train, info.world_size))
     batch_size = train_plan.kwargs["batch_size"]
     left_out: tuple[tuple[str, str], ...] = ()  # unreadable files a device-resident training set left out
     if settings.mode == Mode.compute:  # the compute ceiling: no loader at all, one batch already on the device

@@ -38,7 +38,13 @@ class StreamedLoader(ABC):
 
 
 class StreamedSplit(ABC):
-    """A split whose engine makes its own loader (`make_loader`) with the plan's DataLoader arguments."""
+    """A split whose engine makes its own loader (`make_loader`) with the plan's DataLoader arguments. `len()` is
+    what the engine deals out for a topology; `samples` is what the split stores."""
+
+    @property
+    @abstractmethod
+    def samples(self) -> int:
+        """The samples the split stores."""
 
     @abstractmethod
     def make_loader(

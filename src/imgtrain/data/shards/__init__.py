@@ -1,3 +1,4 @@
 """dataset=shards: image folders packed into LitData shards (`convert`, the `imgtrain-shards` command) and streamed
 from a directory or S3-compatible object storage (`dataset`), with the manifest (`manifest`) that says a
-conversion finished, the stores (`store`) and LitData's settings (`engine`)."""
+conversion finished and what a split may hold, the stores (`store`), the converter's staging folder and stops
+(`staging`) and LitData's settings (`engine`)."""

@@ -9,6 +9,8 @@ Images are written in a seeded random order: LitData shuffles whole chunks and t
 chunk written in class order would give batches of one or two classes. Each image is decoded once here; one that
 cannot be is listed and left out. The manifest (`imgtrain-shards.json`) is written last, so a killed conversion
 never looks complete; running the same command again keeps the splits already finished and redoes the others.
+Each split is checked as training will check it (manifest.check_split) as soon as it is written. Files are staged
+in one folder per destination, removed however the conversion stops (staging.py).
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ import json
 import multiprocessing
 import os
 import random
+import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import litdata
@@ -34,9 +36,18 @@ from tqdm import tqdm
 from imgtrain.data import decoders
 from imgtrain.data.decoders import decode_problem
 from imgtrain.data.folders import folder_splits
-from imgtrain.data.shards import engine
-from imgtrain.data.shards.manifest import MANIFEST, PARTIAL, SPLITS, Manifest, SplitFiles
-from imgtrain.data.shards.store import Location, Store
+from imgtrain.data.shards import engine, staging
+from imgtrain.data.shards.manifest import (
+    FIELDS,
+    MANIFEST,
+    PARTIAL,
+    SPLITS,
+    Manifest,
+    SplitFiles,
+    check_split,
+    read_partial,
+)
+from imgtrain.data.shards.store import Location, Store, redact
 from imgtrain.errors import ConfigError, RunError
 from imgtrain.host import available_cpus
 
@@ -101,7 +112,7 @@ class PackImage:
             with open(os.path.join(self.report_dir, f"{os.getpid()}.tsv"), "a") as report:
                 report.write(f"{relative}\t{problem}\n")
             return None
-        return {"index": index, "label": label, "path": relative, "image": data}
+        return dict(zip(FIELDS, (index, label, relative, data), strict=True))  # what training accepts, and only that
 
 
 def _unreadable(report_dir: str) -> dict[str, str]:
@@ -134,17 +145,21 @@ def _progress(done, total: int, split: str) -> Iterator[None]:
         bar.close()
 
 
-def pack_split(source: Source, store: Store, split: str, shard_mb: int, workers: int, seed: int) -> dict[str, str]:
-    """Write one split with LitData's `optimize`; returns the unreadable files it left out (path -> reason)."""
+def pack_split(
+    source: Source, store: Store, split: str, shard_mb: int, workers: int, seed: int, scratch: str
+) -> dict[str, str]:
+    """Write one split with LitData's `optimize`, staging under `scratch`; returns the unreadable files it left
+    out (path -> reason)."""
     items = [(index, source.relative(path), label) for index, (path, label) in enumerate(source.splits[split])]
     random.Random(seed).shuffle(items)  # chunks must mix classes (see the module docstring)
     done = multiprocessing.get_context("fork").Value("q", 0)
-    with tempfile.TemporaryDirectory(prefix="imgtrain-shards-") as scratch, _progress(done, len(items), split):
-        report_dir = os.path.join(scratch, "unreadable")
-        os.makedirs(report_dir)
-        # LitData stages chunks bound for object storage in one fixed folder (/tmp/chunks) by default: a private
-        # one keeps two conversions apart. Local destinations are written in place.
-        with engine.scratch_env(os.path.join(scratch, "chunks")):
+    report_dir = os.path.join(scratch, split, "unreadable")
+    os.makedirs(report_dir)
+    before = engine.started_processes()
+    # LitData stages chunks bound for object storage in one fixed folder (/tmp/chunks) by default: a private one
+    # keeps two conversions apart. Local destinations are written in place.
+    with _progress(done, len(items), split), engine.scratch_env(os.path.join(scratch, split, "chunks")):
+        try:
             litdata.optimize(
                 fn=PackImage(source.root, report_dir, done),
                 inputs=items,
@@ -157,13 +172,26 @@ def pack_split(source: Source, store: Store, split: str, shard_mb: int, workers:
                 storage_options=engine.storage_options(store.timeout_s),
                 verbose=False,
             )
-        return _unreadable(report_dir)
+        except BaseException as error:  # a stop or LitData's error: its workers would go on writing
+            engine.stop_processes(before)
+            if isinstance(error, Exception) and not isinstance(error, RunError):
+                raise _engine_error(store.location.join(split), error) from None
+            raise
+    return _unreadable(report_dir)
+
+
+def _engine_error(url: str, error: Exception) -> RunError:
+    """One line for LitData failing to write a split: it reports a worker's error with the worker's traceback in
+    the message, whose last line says what happened."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    reason = lines[-1].rstrip(".") if lines else type(error).__name__
+    return RunError(redact(f"{url}: LitData could not write the split ({reason}); run the same command again"))
 
 
 # ----------------------------------------------------------------------------- the destination
-def _plan(store: Store, fingerprint: str) -> tuple[dict[str, dict], Manifest | None]:
-    """(splits already finished by an earlier run of this conversion, a finished manifest if any); refuses a
-    destination that holds anything else."""
+def _plan(store: Store, source: Source, fingerprint: str) -> tuple[dict, Manifest | None]:
+    """(what an earlier run of this conversion finished: {"done": {split: SplitFiles}, "unreadable": ...}, a finished
+    manifest if any); refuses a destination that holds anything else, or files it cannot read, in one line."""
     where = store.location.url
     text = store.read_text(MANIFEST)
     if text is not None:
@@ -176,21 +204,29 @@ def _plan(store: Store, fingerprint: str) -> tuple[dict[str, dict], Manifest | N
         return {}, manifest
     partial = store.read_text(PARTIAL)
     if partial is not None:
-        state = json.loads(partial)
-        if state.get("fingerprint") != fingerprint:
+        state = read_partial(partial, store.location.join(PARTIAL))
+        if state["fingerprint"] != fingerprint:
             raise ConfigError(
-                f"DST={where} holds an unfinished conversion of another dataset (from {state.get('root')}): choose "
+                f"DST={where} holds an unfinished conversion of another dataset (from {state['root']}): choose "
                 "another destination, or delete it first"
             )
-        done = {
-            split: files
-            for split, files in state.get("done", {}).items()
-            if store.sizes(split) == files["files"]  # still exactly as written
-        }
-        return done, None
+        done = {split: files for split, files in state["done"].items() if _intact(store, split, files)}
+        kept = {source.relative(path) for split in done for path, _ in source.splits[split]}
+        return {"done": done, "unreadable": {k: v for k, v in state["unreadable"].items() if k in kept}}, None
     if store.sizes():
         raise ConfigError(f"DST={where} is not empty and holds no imgtrain shards: choose an empty or new destination")
     return {}, None
+
+
+def _intact(store: Store, split: str, files: SplitFiles) -> bool:
+    """A split an earlier run finished is kept when it is still exactly as written and checked."""
+    if store.sizes(split) != files.files:
+        return False
+    try:
+        check_split(store, split, files)
+    except RunError:
+        return False
+    return True
 
 
 def convert(src: str, dst: str, *, val_fraction: float, split_seed: int, shard_mb: int, workers: int) -> Manifest:
@@ -200,41 +236,53 @@ def convert(src: str, dst: str, *, val_fraction: float, split_seed: int, shard_m
     store = Store(Location.parse(dst, key="DST"))
     store.check_reachable(create=True)
     fingerprint = source.fingerprint()
-    done, finished = _plan(store, fingerprint)
+    earlier, finished = _plan(store, source, fingerprint)
     if finished is not None:
         print(f"{store.location.url} already holds this dataset, converted from {source.root}: nothing to do")
         return finished
-    state = {"fingerprint": fingerprint, "root": str(source.root), "done": done}
+    done: dict[str, SplitFiles] = earlier.get("done", {})
     if done:
         print(f"resuming an unfinished conversion into {store.location.url}: keeping {', '.join(done)} as written")
     elif store.read_text(PARTIAL) is not None:
         print(f"an earlier conversion into {store.location.url} finished no split: starting it again from the start")
-    store.write_text(PARTIAL, json.dumps(state))
-    unreadable: dict[str, str] = dict(json.loads(store.read_text(PARTIAL) or "{}").get("unreadable", {}))
-    for split in SPLITS:
-        if split in done:
-            continue
-        store.remove(split)  # whatever a killed run left of this split
-        skipped = pack_split(source, store, split, shard_mb, workers, split_seed)
-        for relative, reason in skipped.items():
-            print(f"  unreadable, left out: {relative}: {reason}")
-        unreadable.update(skipped)
-        written = len(source.splits[split]) - len(skipped)
-        if written == 0:
-            raise RunError(f"SRC={src}: no readable image in the {split} split ({len(skipped)} unreadable)")
-        done[split] = {"samples": written, "files": store.sizes(split)}
-        store.write_text(PARTIAL, json.dumps({**state, "done": done, "unreadable": unreadable}))
+    state = {"fingerprint": fingerprint, "root": str(source.root), "unreadable": earlier.get("unreadable", {})}
+    with staging.staging(store.location.url) as scratch:
+        for split in SPLITS:
+            if split not in done:
+                done[split] = _write_split(source, store, split, state, done, (shard_mb, workers, split_seed, scratch))
     manifest = Manifest(
         classes=source.classes,
         source={"root": str(source.root), **source.layout, "fingerprint": fingerprint},
         engine=engine.identity(),
         chunk_bytes=shard_mb * 1_000_000,
-        splits={split: SplitFiles(**done[split]) for split in SPLITS},
-        unreadable=unreadable,
+        splits={split: done[split] for split in SPLITS},
+        unreadable=state["unreadable"],
     )
     store.write_text(MANIFEST, manifest.to_json())  # last: from now on the destination is complete
     store.delete(PARTIAL)
     return manifest
+
+
+def _write_split(source: Source, store: Store, split: str, state: dict, done: dict, how: tuple) -> SplitFiles:
+    """Pack one split, check it as training will, and record it in the partial file (`state` gains its unreadable
+    files). `how`: (shard_mb, workers, seed, staging folder)."""
+    _save_partial(store, state, done)  # before anything is written: this destination is being converted
+    store.remove(split)  # whatever a killed run left of this split
+    skipped = pack_split(source, store, split, *how)
+    for relative, reason in skipped.items():
+        print(f"  unreadable, left out: {relative}: {reason}")
+    state["unreadable"].update(skipped)
+    written = len(source.splits[split]) - len(skipped)
+    if written == 0:
+        raise RunError(f"SRC={source.root}: no readable image in the {split} split ({len(skipped)} unreadable)")
+    files = SplitFiles(written, store.sizes(split))
+    check_split(store, split, files)  # the converter and training agree on what a split is
+    _save_partial(store, state, {**done, split: files})
+    return files
+
+
+def _save_partial(store: Store, state: dict, done: dict[str, SplitFiles]) -> None:
+    store.write_text(PARTIAL, json.dumps({**state, "done": {split: asdict(files) for split, files in done.items()}}))
 
 
 def report(manifest: Manifest, dst: str) -> str:
@@ -266,25 +314,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--val-fraction must lie in (0, 1); --shard-mb and --workers must be at least 1")
     started = time.perf_counter()
     try:
-        manifest = convert(
-            args.src,
-            args.dst,
-            val_fraction=args.val_fraction,
-            split_seed=args.split_seed,
-            shard_mb=args.shard_mb,
-            workers=args.workers,
-        )
+        with staging.stops():  # SIGTERM and SIGHUP unwind like Ctrl-C: the staging folder is removed
+            manifest = convert(
+                args.src,
+                args.dst,
+                val_fraction=args.val_fraction,
+                split_seed=args.split_seed,
+                shard_mb=args.shard_mb,
+                workers=args.workers,
+            )
     except RunError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 2 if isinstance(error, ConfigError) else 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         print(
             f"\nstopped: {args.dst} has no {MANIFEST}, so nothing there looks complete; run the same command again "
             "to continue (finished splits are kept)",
             file=sys.stderr,
             flush=True,
         )
-        return 130
+        return 128 + getattr(stop, "signum", signal.SIGINT)  # the shell's status for a stop by that signal
     print(report(manifest, args.dst))
     print(f"({time.perf_counter() - started:.1f} s)")
     return 0

@@ -4,7 +4,8 @@ LitData picks the order (whole chunks dealt to the ranks and their workers, shuf
 inside each chunk) and fetches and caches the chunks; everything after the read is the folder path's: each
 sample is decoded in the worker (`ShardSplit.__getitem__`), the batch cropped, resized and flipped at once by
 `collate` (or on the device: data.augment_on), timed stage by stage, each sample with its own augmentation seed,
-and an unreadable image is replaced (training) or dropped (validation) and counted.
+and an unreadable image is replaced (training) or dropped (validation) and counted. LitData may decode only what
+the converter writes (`manifest.FIELDS`), whatever a shard's index asks for (engine.Refused).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from imgtrain.data.samplers import sample_seed
 from imgtrain.data.samples import GuardedSamples, Sample, Uncropped, seeded
 from imgtrain.data.shards import engine
 from imgtrain.data.shards.loader import ShardLoader
-from imgtrain.data.shards.manifest import SPLITS, Manifest, check_files, read_manifest
-from imgtrain.data.shards.store import Location, Store
+from imgtrain.data.shards.manifest import FIELDS, SPLITS, Manifest, check_files, read_manifest
+from imgtrain.data.shards.store import Location, Store, redact
 from imgtrain.data.streamed import StreamedSplit
 from imgtrain.errors import RunError
 
@@ -50,17 +51,22 @@ class Record:
 
 class ShardSplit(StreamingDataset, StreamedSplit):
     """One split of a converted dataset. LitData calls `__getitem__` in the worker for each sample of its order;
-    this returns the folder path's `loader.Sample`: (image, label, unreadable files met, stage seconds)."""
+    this returns the folder path's `loader.Sample`: (image, label, unreadable files met, stage seconds).
+    `samples`: how many the converter stored (the manifest's count), whatever LitData deals out."""
 
-    def __init__(self, location: Location, split: str, transform: Any, *, gpu_decode: bool, cache: dict) -> None:
+    def __init__(
+        self, location: Location, split: str, transform: Any, *, gpu_decode: bool, cache: dict, samples: int
+    ) -> None:
         url = location.join(split)
         super().__init__(
             input_dir=url,
             cache_dir=cache["dir"],
             max_cache_size=cache["limit"],
             storage_options=engine.storage_options(cache["timeout_s"]),
+            serializers=engine.serializers(set(FIELDS.values())),
         )
         self.url, self.root, self.image_transform, self.gpu_decode = url, location.url, transform, gpu_decode
+        self._samples = samples
         # Set by ShardLoader before its workers start: training (augmentation seeds, replacing unreadable images)
         # or validation (dropping them), and whether samples are timed (data.stage_timings).
         self.train, self.timed = False, True
@@ -93,6 +99,12 @@ class ShardSplit(StreamingDataset, StreamedSplit):
         times = (read, decode, augment, time.perf_counter() - started) if self.timed else None
         return image, record.label, tuple(skipped), times
 
+    @property
+    def samples(self) -> int:
+        """The samples stored in this split. `len()` is LitData's count for the loader's topology instead: with
+        drop_last, whole batches per rank only (0 when the split holds fewer than world_size x batch_size)."""
+        return self._samples
+
     def make_loader(
         self,
         plan: LoaderPlan,
@@ -104,6 +116,12 @@ class ShardSplit(StreamingDataset, StreamedSplit):
         replan: Callable[[int], LoaderPlan] | None = None,
     ) -> ShardLoader:
         return ShardLoader(self, plan, train=train, seed=seed, rank=rank, world_size=world_size, replan=replan)
+
+    def get_len(self, num_workers: int, batch_size: int) -> int:
+        try:
+            return super().get_len(num_workers, batch_size)
+        except Exception as error:  # LitData opening the index to deal the samples (what len() asks)
+            raise self._broken(error) from None
 
     def __iter__(self) -> ShardSplit:
         try:
@@ -121,9 +139,11 @@ class ShardSplit(StreamingDataset, StreamedSplit):
 
     def _broken(self, error: Exception, chunk: int | None = None) -> ShardError:
         where = f"chunk {chunk}" if chunk is not None else "a shard"
-        return ShardError(
-            f"{self.url}: {where} cannot be read ({type(error).__name__}: {error_reason(error)}); run "
-            "`imgtrain-shards` again or restore the shard, then run the same command"
+        return ShardError(  # LitData's and obstore's messages may quote the endpoint URL: shown without credentials
+            redact(
+                f"{self.url}: {where} cannot be read ({type(error).__name__}: {error_reason(error)}); run "
+                "`imgtrain-shards` again or restore the shard, then run the same command"
+            )
         )
 
     def _read(self, index: ChunkedIndex) -> Record:
@@ -206,6 +226,7 @@ def build_shards(
             transforms[split],
             gpu_decode=str(decode) == "cuda",
             cache=_cache(location, split, cache_dir, cache_limit_gb, timeout_s),
+            samples=manifest.splits[split].samples,
         )
         for split in SPLITS
     )

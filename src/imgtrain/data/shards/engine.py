@@ -1,4 +1,4 @@
-"""The streaming engine, LitData (pinned in pyproject.toml), and the three settings of it this template depends on.
+"""The streaming engine, LitData (pinned in pyproject.toml), and the five settings of it this template depends on.
 
 Why LitData and not WebDataset or MosaicML streaming: README, "When your data outgrows a local folder".
 Each workaround below was found by testing LitData 0.2.76 against a local S3-compatible server (moto); each is
@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import litdata
+import psutil
 from botocore.config import Config as BotoConfig
+from litdata.processing import data_processor
 from litdata.streaming import downloader
+from litdata.streaming.serializers import _SERIALIZERS, Serializer
 
 from imgtrain.data.shards.store import ATTEMPTS
 
@@ -56,3 +62,81 @@ def scratch_env(folder: str) -> Iterator[None]:
 
 def identity() -> dict[str, str]:
     return {"name": "litdata", "version": litdata.__version__}
+
+
+class Refused(Serializer):
+    """4. Stands in for every LitData serializer that imgtrain shards do not use. LitData picks each field's decoder
+    by the name the shard's index gives (`data_format`), and some of them run code when they load (pickle, and
+    others through it). The index is checked before a run reads anything (manifest.py); this keeps an index changed
+    after that check, or a dataset opened without it, from reaching any other decoder: LitData sets up each
+    decoder an index names before it reads a sample, and this one refuses there."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def setup(self, metadata: Any) -> None:
+        raise ValueError(f"the shard's index asks for LitData's {metadata!r} decoder, which imgtrain shards never use")
+
+    def serialize(self, item: Any) -> tuple[bytes, str | None]:
+        raise ValueError(f"imgtrain shards do not write LitData's {self.name!r} format")
+
+    def deserialize(self, data: bytes) -> Any:
+        raise ValueError(f"the shard asks for LitData's {self.name!r} decoder, which imgtrain shards never use")
+
+    def can_serialize(self, item: Any) -> bool:
+        return False
+
+
+def serializers(allowed: set[str]) -> dict[str, Serializer]:
+    """LitData's `serializers` argument: its own for the `allowed` formats, `Refused` for every other."""
+    return {name: Refused(name) for name in _SERIALIZERS if name not in allowed}
+
+
+def _on_sigint(processor: Any, signum: int, frame: Any) -> None:
+    """5. LitData's `optimize` replaces SIGINT's handler with one that ends the process at once with status 0 (its
+    `_signal_handler`), so a Ctrl-C'd conversion looked finished to a script, skipped every `finally` and left its
+    staging folder and its message behind. Here a worker process ends quietly, and the main process gets the
+    KeyboardInterrupt Python gives by default, which the converter turns into clean-up and one line."""
+    if multiprocessing.parent_process() is not None:  # one of LitData's workers: the main process cleans up
+        os._exit(128 + signum)
+    raise KeyboardInterrupt
+
+
+data_processor.DataProcessor._signal_handler = _on_sigint
+
+
+def started_processes() -> set[int]:
+    """The processes running under this one (children, and theirs)."""
+    return {process.pid for process in psutil.Process().children(recursive=True)}
+
+
+def stop_processes(before: set[int], timeout_s: float = 5.0) -> None:
+    """End every process started under this one since `before`: the workers of an `optimize` that was stopped,
+    which would go on writing into the destination and the staging folder, and the downloader each worker starts
+    (it keeps the worker's end-of-life pipe open, so joining the worker alone waits for ever). SIGTERM first (a
+    worker ends at once, see `_on_sigint` and staging.stops), SIGKILL after `timeout_s`."""
+    tree = [process for process in psutil.Process().children(recursive=True) if process.pid not in before]
+    for process in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.terminate()
+    ours = [child for child in multiprocessing.active_children() if child.pid in {p.pid for p in tree}]
+    deadline = time.monotonic() + timeout_s
+    while any(_running(process) for process in tree if process.pid not in {c.pid for c in ours}):
+        if time.monotonic() > deadline:
+            for process in tree:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+            break
+        time.sleep(0.05)
+    for child in ours:  # joined through multiprocessing, which reaps them and forgets them
+        child.join(timeout_s)
+        if child.is_alive():
+            child.kill()
+            child.join()
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE  # a zombie has ended: only its parent has yet to reap it
+    except psutil.NoSuchProcess:
+        return False

@@ -6,11 +6,17 @@ writes `imgtrain-shards.json` at the root only after every split is written: the
 sample count and the exact size of every file, the source's fingerprint (to refuse converting another dataset
 into the same place) and the unreadable source files it skipped. Training reads it first and checks every
 file's size against it, which finds a missing, truncated or swapped shard before any step.
+
+Neither file is trusted: whoever can write the destination can write them. Every value is checked for its type,
+every file name is confined to its split's folder (`chunk-<n>-<n>.bin` or `index.json`: LitData joins them into
+cache paths), and LitData's index must ask for exactly the serializers the converter writes (`FIELDS`): the index
+chooses each field's decoder, and some of LitData's (pickle among them) run code when they load.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,6 +28,29 @@ PARTIAL = ".imgtrain-shards.partial.json"  # during a conversion: the source's f
 FORMAT, VERSION = "imgtrain-shards", 1
 SPLITS = ("train", "val")
 INDEX = "index.json"  # LitData's index of a split
+CHUNK = re.compile(r"chunk-\d+-\d+\.bin")  # LitData's chunk names, uncompressed: chunk-<worker>-<n>.bin
+# What each sample holds, in the order the converter writes it, with the serializer LitData picks from the value's
+# type: the one source of truth for the converter (`PackImage`) and for every check of an index.
+FIELDS = {"index": "int", "label": "int", "path": "str", "image": "bytes"}
+# The index settings that choose code besides `data_format`, as the converter leaves them.
+_PLAIN = {"compression": None, "encryption": None, "item_loader": "PyTreeLoader"}
+_UPDATED_AT = re.compile(r"\d+(\.\d+)?")  # LitData names a cache folder after it: a timestamp, nothing else
+
+
+def file_name(name: object, where: str) -> str:
+    """`name` when it is a file the converter writes in a split's folder, else one line: a name from a manifest or
+    an index is joined into paths (the store, LitData's cache), so `../` or a folder would reach outside it."""
+    if isinstance(name, str) and (name == INDEX or CHUNK.fullmatch(name)):
+        return name
+    raise RunError(f"{where} names the file {name!r}: a split holds only {INDEX} and chunk-<n>-<n>.bin files")
+
+
+def _check_type(value: object, kind: type, what: str, where: str) -> None:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise RunError(f"{where}: {what} is {value!r}, not {_KINDS[kind]}; convert the dataset again")
+
+
+_KINDS = {int: "a whole number", str: "text", list: "a list", dict: "a mapping"}
 
 
 @dataclass
@@ -30,6 +59,19 @@ class SplitFiles:
 
     samples: int
     files: dict[str, int]
+
+    @classmethod
+    def read(cls, raw: object, split: str, where: str) -> SplitFiles:
+        """From a manifest or the partial file, every value checked (one line naming `where` otherwise)."""
+        _check_type(raw, dict, f"the {split} split", where)
+        _check_type(raw.get("samples"), int, f"the {split} split's sample count", where)
+        _check_type(raw.get("files"), dict, f"the {split} split's files", where)
+        for name, size in raw["files"].items():
+            file_name(name, where)
+            _check_type(size, int, f"the size of {split}/{name}", where)
+        if raw["samples"] < 0 or INDEX not in raw["files"]:
+            raise RunError(f"{where}: the {split} split lists no {INDEX} or a negative sample count")
+        return cls(raw["samples"], dict(raw["files"]))
 
     @property
     def bytes(self) -> int:
@@ -62,14 +104,67 @@ class Manifest:
     def from_json(cls, text: str, where: str) -> Manifest:
         try:
             raw = json.loads(text)
-            if raw.get("format") != FORMAT:
-                raise ValueError(f"format is {raw.get('format')!r}, not {FORMAT!r}")
+            if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+                raise ValueError(f"format is {raw.get('format') if isinstance(raw, dict) else raw!r}, not {FORMAT!r}")
             if raw.get("version") != VERSION:
                 raise ValueError(f"version {raw.get('version')} (this imgtrain reads version {VERSION})")
-            splits = {name: SplitFiles(**split) for name, split in raw.pop("splits").items()}
-            return cls(**raw, splits=splits)
-        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            manifest = cls(**{**raw, "splits": {}})
+        except (ValueError, TypeError) as error:
             raise RunError(f"{where} is not a manifest this imgtrain can read ({error})") from None
+        return manifest._checked(raw.get("splits"), where)
+
+    def _checked(self, splits: object, where: str) -> Manifest:
+        """Every field of a manifest just read has its type ("classes": "abc" would be 3 classes), and both
+        splits are there: one line naming the manifest and the field otherwise."""
+        _check_type(self.classes, list, "classes", where)
+        if not self.classes or not all(isinstance(name, str) for name in self.classes):
+            raise RunError(f"{where}: classes is {self.classes!r}, not a list of class names; convert it again")
+        for value, kind, what in (
+            (self.source, dict, "source"),
+            (self.engine, dict, "engine"),
+            (self.chunk_bytes, int, "chunk_bytes"),
+            (self.unreadable, dict, "unreadable"),
+            (splits, dict, "splits"),
+        ):
+            _check_type(value, kind, what, where)
+        for value, what in (
+            (self.source.get("fingerprint"), "source.fingerprint"),
+            *((self.engine.get(k), f"engine.{k}") for k in ("name", "version")),
+        ):
+            _check_type(value, str, what, where)
+        missing = [split for split in SPLITS if split not in splits]
+        if missing or set(splits) - set(SPLITS):
+            raise RunError(f"{where}: splits are {sorted(splits)}, not {list(SPLITS)}; convert the dataset again")
+        self.splits = {split: SplitFiles.read(splits[split], split, where) for split in SPLITS}
+        return self
+
+
+def read_partial(text: str, where: str) -> dict[str, Any]:
+    """The partial file of an unfinished conversion: {"fingerprint", "root", "done": {split: SplitFiles},
+    "unreadable": {path: reason}}, every value checked; one line naming it otherwise."""
+    try:
+        state = json.loads(text)
+        if not isinstance(state, dict):
+            raise ValueError(f"it holds {type(state).__name__}, not a mapping")
+        for value, kind, what in (
+            (state.get("fingerprint"), str, "fingerprint"),
+            (state.setdefault("root", ""), str, "root"),
+            (state.setdefault("done", {}), dict, "done"),
+            (state.setdefault("unreadable", {}), dict, "unreadable"),
+        ):
+            _check_type(value, kind, what, where)
+        unknown = sorted(set(state["done"]) - set(SPLITS))
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not a split (expected {' or '.join(SPLITS)})")
+        state["done"] = {split: SplitFiles.read(files, split, where) for split, files in state["done"].items()}
+    except (ValueError, RunError) as error:  # DST holds what this converter cannot use: bad input, as a refusal
+        why = str(error).removeprefix(f"{where}: ")
+        raise ConfigError(
+            f"{where} cannot be read ({why}), so the unfinished conversion there cannot be resumed: delete the "
+            "destination and convert again"
+        ) from None
+    state["unreadable"] = {str(path): str(reason) for path, reason in state["unreadable"].items()}
+    return state
 
 
 def read_manifest(store: Store) -> Manifest:
@@ -89,7 +184,12 @@ def read_manifest(store: Store) -> Manifest:
 def check_files(store: Store, manifest: Manifest, split: str) -> None:
     """Every file of `split` is present with the size the converter wrote, and no other chunk is: a missing,
     truncated or replaced shard is named in one line before training starts (one listing; no data is read)."""
-    expected = manifest.splits[split].files
+    check_split(store, split, manifest.splits[split])
+
+
+def check_split(store: Store, split: str, written: SplitFiles) -> None:
+    """`check_files` for one split as the converter recorded it (the converter checks its own output with it)."""
+    expected = written.files
     found = store.sizes(split)
     where = store.location.join(split)
     missing = sorted(name for name in expected if name not in found)
@@ -105,21 +205,62 @@ def check_files(store: Store, manifest: Manifest, split: str) -> None:
         )
     if extra:
         raise RunError(f"{where}: {extra[0]} is not in {MANIFEST}: the shards do not match their index")
-    _check_index(store, manifest, split)
+    _check_index(store, split, written)
 
 
-def _check_index(store: Store, manifest: Manifest, split: str) -> None:
-    """LitData's index names exactly the manifest's chunks, with their sizes, and counts the manifest's samples."""
+def _check_index(store: Store, split: str, written: SplitFiles) -> None:
+    """LitData's index names exactly the recorded chunks, counts the recorded samples, and reads them the way the
+    converter wrote them (see the module docstring): before LitData reads any of it."""
     where = store.location.join(split, INDEX)
     try:
-        chunks = json.loads(store.read_text(f"{split}/{INDEX}") or "{}")["chunks"]
-        listed = {chunk["filename"]: (int(chunk["chunk_bytes"]), int(chunk["chunk_size"])) for chunk in chunks}
+        index = json.loads(store.read_text(f"{split}/{INDEX}") or "{}")
+        chunks, config = index["chunks"], index["config"]
+        listed = {
+            file_name(chunk["filename"], where): (int(chunk["chunk_bytes"]), int(chunk["chunk_size"]))
+            for chunk in chunks
+        }
     except (ValueError, KeyError, TypeError) as error:
         raise RunError(f"{where} cannot be read as LitData's index ({error}); convert the dataset again") from None
-    files = {name: size for name, size in manifest.splits[split].files.items() if name != INDEX}
+    _check_config(config, index.get("updated_at"), where)
+    files = {name: size for name, size in written.files.items() if name != INDEX}
     samples = sum(count for _, count in listed.values())
-    if set(listed) != set(files) or samples != manifest.splits[split].samples:
+    if set(listed) != set(files) or samples != written.samples:
         raise RunError(
             f"{where} does not match the shards it indexes ({len(listed)} chunks and {samples:,} samples listed; "
-            f"{len(files)} chunks and {manifest.splits[split].samples:,} samples written); convert the dataset again"
+            f"{len(files)} chunks and {written.samples:,} samples written); convert the dataset again"
         )
+
+
+def _check_config(config: object, updated_at: object, where: str) -> None:
+    """The index's settings that choose code or paths are the converter's: one line naming the field otherwise."""
+    if not isinstance(config, dict):
+        raise RunError(f"{where}: its config is {config!r}, not LitData's settings; convert the dataset again")
+    formats = config.get("data_format")
+    if formats != list(FIELDS.values()):
+        raise RunError(
+            f"{where}: data_format is {formats!r}: imgtrain shards hold {list(FIELDS.values())} ({', '.join(FIELDS)}), "
+            "nothing else is read (some LitData formats, such as pickle, run code when they load); convert the "
+            "dataset again with imgtrain-shards"
+        )
+    if _spec_fields(config.get("data_spec")) != list(FIELDS):
+        raise RunError(f"{where}: data_spec does not describe the fields {list(FIELDS)}; convert the dataset again")
+    for key, value in _PLAIN.items():
+        if config.get(key) != value:
+            raise RunError(f"{where}: {key} is {config.get(key)!r}, imgtrain-shards writes {value!r}; convert again")
+    if updated_at is not None and not (isinstance(updated_at, str) and _UPDATED_AT.fullmatch(updated_at)):
+        raise RunError(f"{where}: updated_at is {updated_at!r}, not a timestamp; convert the dataset again")
+
+
+def _spec_fields(spec: object) -> list[str] | None:
+    """The field names of LitData's serialized tree of a sample when it is a flat dict of plain leaves."""
+    try:
+        protocol, tree = json.loads(spec)
+        leaves = [
+            child for child in tree["children_spec"] if child == {"type": None, "context": None, "children_spec": []}
+        ]
+        if protocol != 1 or tree["type"] != "builtins.dict" or len(leaves) != len(tree["children_spec"]):
+            return None
+        names = json.loads(tree["context"])
+        return names if len(names) == len(leaves) else None
+    except (ValueError, TypeError, KeyError):
+        return None

@@ -5,11 +5,14 @@ Object storage goes through boto3, configured only by the standard AWS variables
 (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_PROFILE`, `AWS_ENDPOINT_URL` for MinIO, Ceph and other
 S3-compatible stores, ...). Every request here is bounded (`timeout_s` to connect and to read, `ATTEMPTS`
 tries), so a store that does not answer ends the run within seconds instead of botocore's minutes of retries.
+Every message shows URLs without their credentials (`redact`): an endpoint written `http://user:password@host`
+would otherwise reach the terminal, train.log and failed.json.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +40,23 @@ _CREDENTIALS = (
 )
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden", "403", "InvalidToken"}
 _MISSING_KEY = {"NoSuchKey", "404", "NotFound"}
+# s3://bucket/prefix: a bucket name as S3 allows it (legacy names included: capitals, '_'); a prefix of plain
+# folder names (no '.' or '..'). Both are also a path under dataset.cache_dir, which they must not leave.
+_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{2,254}")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")  # what looks like a URL (S3://, s3:/, gs://), not a path
+_USERINFO = re.compile(r"(?<=://)[^/\s]*@")  # up to the last '@' before the host: a password may hold '@'
+_SECRET_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def redact(text: str) -> str:
+    """`text` with every URL's `user:password@` removed, and the AWS key, secret and token, should a message from
+    a store or a library quote them, replaced: what is printed or logged never holds credentials."""
+    text = _USERINFO.sub("", text)
+    for name in _SECRET_VARIABLES:
+        value = os.environ.get(name, "")
+        if len(value) >= 4:  # a one-letter value would blank out ordinary words
+            text = text.replace(value, f"<{name}>")
+    return text
 
 
 class StorageError(RunError):
@@ -52,12 +72,22 @@ class Location:
     @classmethod
     def parse(cls, text: str, key: str = "dataset.root") -> Location:
         text = str(text).strip()
-        if text.startswith(S3_SCHEME):
-            bucket = text[len(S3_SCHEME) :].split("/", 1)[0]
-            if not bucket:
-                raise ConfigError(f"{key}={text} is invalid: expected s3://bucket/prefix or a directory")
-            return cls(text.rstrip("/"))
-        return cls(os.path.abspath(os.path.expanduser(text)))
+        if not text.startswith(S3_SCHEME) and not (_SCHEME.match(text) or text.lower().startswith("s3:")):
+            return cls(os.path.abspath(os.path.expanduser(text)))
+        # Anything URL-like but not exactly s3:// (S3://, s3:/) would otherwise become a local folder of that name.
+        shown = redact(text)
+        expected = "a directory, or object storage written s3://bucket/prefix (lower-case s3, two slashes)"
+        if not text.startswith(S3_SCHEME):
+            raise ConfigError(f"{key}={shown} is neither a directory nor an S3 URL: expected {expected}")
+        bucket, _, prefix = text[len(S3_SCHEME) :].partition("/")
+        if not _BUCKET.fullmatch(bucket):
+            raise ConfigError(
+                f"{key}={shown}: {bucket!r} is not an S3 bucket name (3 to 255 letters, digits, '.', '-' and '_'): "
+                f"expected {expected}"
+            )
+        if any(part in (".", "..") for part in prefix.split("/")):
+            raise ConfigError(f"{key}={shown}: the prefix may not contain '.' or '..' folders: expected {expected}")
+        return cls(text.rstrip("/"))
 
     @property
     def is_s3(self) -> bool:
@@ -95,31 +125,34 @@ def s3_client(timeout_s: float = DEFAULT_TIMEOUT_S):
 
 
 def endpoint(client) -> str:
-    return client.meta.endpoint_url
+    """The client's endpoint as messages show it: without credentials."""
+    return redact(client.meta.endpoint_url)
 
 
 def storage_error(url: str, error: Exception, client=None, timeout_s: float = DEFAULT_TIMEOUT_S) -> StorageError:
     """One line for a failed request to `url`: missing bucket or object, credentials, or an endpoint that does not
-    answer."""
+    answer; without credentials (botocore quotes the endpoint URL in its own messages)."""
+    return StorageError(redact(_storage_line(url, error, client, timeout_s)))
+
+
+def _storage_line(url: str, error: Exception, client, timeout_s: float) -> str:
     where = f" at {endpoint(client)}" if client is not None else ""
     if isinstance(error, (NoCredentialsError, PartialCredentialsError)):
-        return StorageError(f"{url}: no AWS credentials found: {_CREDENTIALS}")
+        return f"{url}: no AWS credentials found: {_CREDENTIALS}"
     if isinstance(error, ClientError):
         code = str(error.response.get("Error", {}).get("Code", ""))
         status = str(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
         if code == "NoSuchBucket":
-            return StorageError(f"{url}: the bucket {Location(url).bucket} does not exist{where}")
+            return f"{url}: the bucket {Location(url).bucket} does not exist{where}"
         if code in _DENIED or status == "403":
-            return StorageError(
-                f"{url}: access denied{where} ({code or status}): check the credentials: {_CREDENTIALS}"
-            )
+            return f"{url}: access denied{where} ({code or status}): check the credentials: {_CREDENTIALS}"
         if code in _MISSING_KEY or status == "404":
-            return StorageError(f"{url}: not found{where}")
-        return StorageError(f"{url}: the store{where} answered {code or status}: {error}")
+            return f"{url}: not found{where}"
+        return f"{url}: the store{where} answered {code or status}: {error}"
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     if isinstance(error, EndpointConnectionError):
-        return StorageError(f"{url}: could not connect to the endpoint{where} ({reason}); check AWS_ENDPOINT_URL")
-    return StorageError(
+        return f"{url}: could not connect to the endpoint{where} ({reason}); check AWS_ENDPOINT_URL"
+    return (
         f"{url}: the endpoint{where} did not answer within {timeout_s:g} s x {ATTEMPTS} tries ({reason}); check "
         "AWS_ENDPOINT_URL and the network"
     )

@@ -1,0 +1,129 @@
+"""What others can put in front of a run (issue 30): a checkpoint from elsewhere, the bytes a peer sends through the
+rendezvous, a damaged checkpoint or job file. None of it runs code, and each ends in one line or one marked row."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.distributed_c10d as c10d
+from helpers import FAST, compose_cfg
+
+from imgtrain import dist
+from imgtrain.checkpoint import files
+from imgtrain.errors import ConfigError, RunError
+from imgtrain.run import run
+from imgtrain.sweep_report import collect, read_job
+
+QUICK = [*FAST, "dataset.num_val=32", "data.num_workers=0", "train.max_steps=2"]
+
+
+class Planted:
+    """A pickled object that would run a command when loaded (os.system through __reduce__)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real last.pt of a short debug=fast run (no worker process: seconds matter here)."""
+    run_dir = tmp_path_factory.mktemp("trusted")
+    run(compose_cfg(*QUICK, output_dir=str(run_dir)))
+    return run_dir / "checkpoints" / "last.pt"
+
+
+def _resume_from(payload: dict, path: Path, run_dir: Path) -> None:
+    torch.save(payload, path)
+    run(compose_cfg(*QUICK, f"checkpoint.resume={path}", output_dir=str(run_dir)))
+
+
+def test_a_checkpoint_carrying_a_pickled_object_is_refused_in_one_line(checkpoint: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "planted-ran"
+    payload = torch.load(checkpoint, weights_only=True)
+    payload["extra"] = Planted(marker)
+    with pytest.raises(ConfigError) as caught:
+        _resume_from(payload, tmp_path / "planted.pt", tmp_path / "run")
+    line = str(caught.value)
+    assert "\n" not in line and "holds Python objects other than tensors and plain data" in line
+    assert "posix.system" in line and not marker.exists()
+
+
+def test_a_torch_with_known_weights_only_bypasses_loads_no_checkpoint(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch, "__version__", "2.9.1+cu128")
+    with pytest.raises(files.CheckpointError, match=r"torch 2.9.1\+cu128 cannot load it safely.*install torch>=2.10"):
+        files.load(checkpoint)
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (lambda p: p["progress"].update(bogus=1), "unexpected keyword argument 'bogus'"),
+        (lambda p: p.pop("rng"), "no 'rng'"),
+        (lambda p: p.update(global_batch="many"), "invalid literal for int()"),
+    ],
+    ids=["unknown progress key", "no rng", "global batch not a number"],
+)
+def test_a_checkpoint_of_another_shape_is_one_line(checkpoint: Path, tmp_path: Path, damage, said: str) -> None:
+    payload = torch.load(checkpoint, weights_only=True)
+    damage(payload)
+    with pytest.raises(RunError) as caught:
+        _resume_from(payload, tmp_path / "edited.pt", tmp_path / "run")
+    line = str(caught.value)
+    assert "\n" not in line and line.startswith(f"the checkpoint {tmp_path / 'edited.pt'} is not one imgtrain can")
+    assert said in line
+
+
+def test_the_collectives_carry_json_never_a_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-process gloo group: torch's object collectives (pickle both ways) are never reached, plain data goes
+    through as JSON, and anything else is refused before it is sent."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a pickle crossed the process group")
+
+    monkeypatch.setattr(c10d, "_object_to_tensor", refuse)
+    monkeypatch.setattr(c10d, "_tensor_to_object", refuse)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(key, value)
+    info = dist.DistInfo(launched=True)
+    dist.setup(info, torch.device("cpu"), timeout_s=30)
+    try:
+        assert dist.broadcast_plain(("error", "a line"), info) == ["error", "a line"]
+        assert dist.all_gather_plain({"/data/a.jpg": "truncated JPEG"}) == [{"/data/a.jpg": "truncated JPEG"}]
+        with pytest.raises(TypeError, match="not JSON serializable"):
+            dist.broadcast_plain(RunError("an exception object"), info)
+    finally:
+        dist.teardown()
+
+
+def test_one_damaged_job_file_marks_its_row_and_the_report_goes_on(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    for job, metrics, failed in [
+        ("0", "{not json", None),
+        ("1", None, "[1, 2]"),
+        ("2", '{"images_per_sec": 5.0}', None),
+    ]:
+        (sweep / job / ".hydra").mkdir(parents=True)
+        (sweep / job / ".hydra" / "overrides.yaml").write_text(f"- data.num_workers={job}\n")
+        if metrics is not None:
+            (sweep / job / "metrics.json").write_text(metrics)
+        if failed is not None:
+            (sweep / job / "failed.json").write_text(failed)
+    rows, swept = collect(sweep)
+    assert swept == ["data.num_workers"] and [row["status"] for row in rows] == ["failed", "failed", "ok"]
+    assert rows[0]["reason"].startswith("metrics.json cannot be read (Expecting property name")
+    assert rows[1]["reason"] == "failed.json does not hold a JSON object"
+    assert read_job(sweep / "2")["images_per_sec"] == 5.0
+    assert json.loads((sweep / "2" / "metrics.json").read_text())  # the report only reads
