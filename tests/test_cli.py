@@ -62,7 +62,7 @@ BAD_INPUT = [
     ("dataset=shards", "dataset.root is required with dataset=shards"),
     ("dataset=shards dataset.root=/no/such/dir", "dataset.root=/no/such/dir is not a directory"),
     ("dataset=shards dataset.root={empty}", "has no imgtrain-shards.json (it holds no imgtrain shards)"),
-    ("dataset=shards dataset.root=s3://", "dataset.root=s3:// is invalid: expected s3://bucket/prefix"),
+    ("dataset=shards dataset.root=s3://", "dataset.root=s3://: '' is not an S3 bucket name"),
     ("dataset=shards dataset.root={empty} dataset.cache_limit_gb=0", "dataset.cache_limit_gb=0.0 is invalid"),
     ("data.max_bad_samples=-1", "data.max_bad_samples=-1 is invalid: expected null (no limit) or an integer >= 0"),
     ("dataset=cifar10", "download failed (offline?). Download cifar-10-python.tar.gz"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import json
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from imgtrain.data.samples import RawBatch  # noqa: E402
 from imgtrain.data.shapes import ensure_shapes  # noqa: E402
 from imgtrain.data.shards import convert as converter  # noqa: E402
 from imgtrain.data.shards import dataset as shards_dataset  # noqa: E402
+from imgtrain.data.shards import staging  # noqa: E402
 from imgtrain.data.shards.dataset import ShardError, ShardSplit  # noqa: E402
 from imgtrain.data.shards.manifest import MANIFEST, PARTIAL  # noqa: E402
 from imgtrain.data.shards.store import Location  # noqa: E402
@@ -256,3 +258,15 @@ def test_too_few_images_for_one_batch_names_the_stored_count(tmp_path: Path) -> 
         "data.batch_size=64 is larger than the training split of 22 images, and LitData gives whole batches only "
         "with data.drop_last=true: lower it or set drop_last=false"
     )
+
+
+def test_a_staging_folder_planted_by_someone_else_is_refused_not_emptied(tmp_path: Path, monkeypatch) -> None:
+    """Its name is predictable: a link planted there must not make a conversion empty the link's target."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep")
+    Path(staging.folder_for("/data/shards")).symlink_to(victim)
+    with pytest.raises(ConfigError, match="is not a private directory of this user"), staging.staging("/data/shards"):
+        pass
+    assert (victim / "precious").read_text() == "keep"

@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import stat
 import tempfile
 from collections.abc import Iterator
 
@@ -61,12 +62,24 @@ def folder_for(destination: str) -> str:
     return os.path.join(tempfile.gettempdir(), f"{PREFIX}{os.getuid()}-{digest}")
 
 
+def _check_own(folder: str) -> None:
+    """The folder's name is predictable, and a shared temporary directory lets anyone make it first: use it only if
+    it is a real directory (not a link) of this user, closed to others, since what is left in it gets deleted."""
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise ConfigError(
+            f"the staging folder {folder} is not a private directory of this user (a link, another owner, or open to "
+            "others): remove it, or set TMPDIR to a directory of your own"
+        )
+
+
 @contextlib.contextmanager
 def staging(destination: str) -> Iterator[str]:
     """The staging folder for `destination`, emptied of what a killed conversion left, removed when this one ends
     however it ends (bar SIGKILL); one line when another conversion into the same destination is using it."""
     folder = folder_for(destination)
     os.makedirs(folder, mode=0o700, exist_ok=True)
+    _check_own(folder)
     with open(os.path.join(folder, LOCK), "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the kernel however the holder ends
