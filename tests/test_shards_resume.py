@@ -136,6 +136,8 @@ def test_a_stopped_conversion_removes_its_staging_folder_and_workers(how: str, s
     assert proc.returncode == (143 if how.startswith("SIGTERM") else 130), err
     assert "stopped: " in err and "Traceback" not in err
     assert not folder.exists() and not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    # Stopped, not left to finish: a worker writes its chunk when its share is done (seconds after the stop here).
+    assert not list((tmp_path / "out" / "train").glob("chunk-*")), "the workers went on packing after the stop"
 
 
 @pytest.mark.slow  # a conversion slowed down and killed, then run again: about 15 s

@@ -18,6 +18,7 @@ pytest.importorskip("moto", reason="the object-storage tests need moto (the dev 
 
 from s3server import S3Server, free_port, s3_server, silent_endpoint  # noqa: E402
 
+from imgtrain.errors import ConfigError  # noqa: E402
 from imgtrain.run import run  # noqa: E402
 
 ROOT = "s3://shards/shapes"
@@ -102,6 +103,28 @@ def test_a_store_that_fails_ends_the_run_in_one_line_within_seconds(
     assert elapsed < 15, f"{elapsed:.1f} s"  # bounded: 2 tries x 1 s per request, plus start-up
     assert earlier.read_bytes() == b"an earlier run's checkpoint"  # nothing overwritten
     assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints"]
+
+
+UNUSABLE_SETTINGS = {
+    "endpoint without a scheme": ({"AWS_ENDPOINT_URL": "alice:hunter2@127.0.0.1:9"}, "(Invalid endpoint: 127.0.0.1:9)"),
+    "no such profile": ({"AWS_PROFILE": "nosuch"}, "(The config profile (nosuch) could not be found)"),
+}
+
+
+@pytest.mark.parametrize("case", UNUSABLE_SETTINGS)
+def test_aws_settings_botocore_cannot_use_end_in_one_line_without_credentials(
+    case: str, source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """botocore refuses them when it makes its client: that was a traceback, quoting the endpoint's password."""
+    changes, expected = UNUSABLE_SETTINGS[case]
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_SECRET_ACCESS_KEY": "fake+secret", **changes}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    error = failure(*shards_args(ROOT), run_dir=tmp_path / "run")
+    assert isinstance(error, ConfigError) and expected in str(error) and "check AWS_ENDPOINT_URL" in str(error), error
+    assert pack(source, ROOT) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {error}" and not [s for s in ("alice", "hunter2", "fake+secret") if s in err], err
 
 
 @pytest.mark.slow  # three runs from object storage: about 20 s

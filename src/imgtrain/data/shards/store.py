@@ -46,12 +46,17 @@ _BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{2,254}")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")  # what looks like a URL (S3://, s3:/, gs://), not a path
 _USERINFO = re.compile(r"(?<=://)[^/\s]*@")  # up to the last '@' before the host: a password may hold '@'
 _SECRET_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")  # botocore reads both
 
 
 def redact(text: str) -> str:
     """`text` with every URL's `user:password@` removed, and the AWS key, secret and token, should a message from
     a store or a library quote them, replaced: what is printed or logged never holds credentials."""
     text = _USERINFO.sub("", text)
+    for name in _ENDPOINT_VARIABLES:  # also written without a scheme (user:password@host), which botocore quotes
+        host = os.environ.get(name, "").split("://", 1)[-1].split("/", 1)[0]
+        if "@" in host:
+            text = text.replace(host[: host.rfind("@") + 1], "")
     for name in _SECRET_VARIABLES:
         value = os.environ.get(name, "")
         if len(value) >= 4:  # a one-letter value would blank out ordinary words
@@ -121,7 +126,15 @@ def s3_client(timeout_s: float = DEFAULT_TIMEOUT_S):
         read_timeout=timeout_s,
         retries={"total_max_attempts": ATTEMPTS, "mode": "standard"},
     )
-    return boto3.session.Session().client("s3", config=config)
+    try:
+        return boto3.session.Session().client("s3", config=config)
+    except (ValueError, BotoCoreError) as error:  # botocore's own line: "Invalid endpoint: ...", a missing profile
+        raise ConfigError(
+            redact(
+                f"object storage cannot be configured from the AWS settings ({str(error).rstrip('.')}): check "
+                "AWS_ENDPOINT_URL (http://host:port or https://host), AWS_PROFILE and AWS_DEFAULT_REGION"
+            )
+        ) from None
 
 
 def endpoint(client) -> str:
