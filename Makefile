@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
+# make test's processes (pytest-xdist; tests/conftest.py gives each its share of the CPUs): 2 fit CI's 2 cores
+TEST_WORKERS ?= 2
 NPROC ?= 2
 ifdef NOVENV
 SETUP :=
@@ -52,8 +54,8 @@ bench-quick: $(SETUP) ## The harness's smoke test: every path, few steps, report
 bench-gpu: $(SETUP) ## The GPU sections of the harness (gpu-ceilings, gpu-jpeg; ~10 min on one H100); timm's side: ARGS='--timm-train PATH'
 	$(RUN) benchmarks/bench.py --only gpu-ceilings,gpu-jpeg $(ARGS)
 
-test: $(SETUP) ## Run the fast test suite (under 5 minutes on 2 cores; slow tests: make test-slow or make test-all)
-	$(RUN) -m pytest --durations=15 $(PYTEST_ARGS)
+test: $(SETUP) ## Run the fast test suite in TEST_WORKERS processes (2 min on 2 cores; slow tests: make test-slow)
+	$(RUN) -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
 test-slow: $(SETUP) ## Run only the slow tests (what CI runs after make test)
 	$(RUN) -m pytest -m slow --durations=15 $(PYTEST_ARGS)

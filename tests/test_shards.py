@@ -270,3 +270,14 @@ def test_a_staging_folder_planted_by_someone_else_is_refused_not_emptied(tmp_pat
     with pytest.raises(ConfigError, match="is not a private directory of this user"), staging.staging("/data/shards"):
         pass
     assert (victim / "precious").read_text() == "keep"
+
+
+def test_the_same_bucket_path_on_two_object_stores_is_staged_apart(tmp_path: Path, monkeypatch) -> None:
+    """s3://b/x on two endpoints is two datasets: converting into one never waits for, nor empties, the other's."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with staging.staging("s3://b/x", "http://127.0.0.1:9000") as first:
+        with staging.staging("s3://b/x", "http://127.0.0.1:9001") as second:
+            assert first != second
+        busy = pytest.raises(ConfigError, match="another imgtrain-shards is converting into it")
+        with busy, staging.staging("s3://b/x", "http://127.0.0.1:9000"):
+            pass

@@ -246,7 +246,7 @@ def convert(src: str, dst: str, *, val_fraction: float, split_seed: int, shard_m
     elif store.read_text(PARTIAL) is not None:
         print(f"an earlier conversion into {store.location.url} finished no split: starting it again from the start")
     state = {"fingerprint": fingerprint, "root": str(source.root), "unreadable": earlier.get("unreadable", {})}
-    with staging.staging(store.location.url) as scratch:
+    with staging.staging(store.location.url, store.endpoint) as scratch:
         for split in SPLITS:
             if split not in done:
                 done[split] = _write_split(source, store, split, state, done, (shard_mb, workers, split_seed, scratch))

@@ -55,10 +55,10 @@ def stops() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def folder_for(destination: str) -> str:
+def folder_for(destination: str, endpoint: str = "") -> str:
     """The staging folder of a conversion into `destination`: the same for every run of the same command (so the
-    next one finds a killed one's), another for another destination or user."""
-    digest = hashlib.sha256(destination.encode()).hexdigest()[:16]
+    next one finds a killed one's), another for another destination, object store (`endpoint`) or user."""
+    digest = hashlib.sha256(f"{endpoint} {destination}".encode()).hexdigest()[:16]
     return os.path.join(tempfile.gettempdir(), f"{PREFIX}{os.getuid()}-{digest}")
 
 
@@ -74,10 +74,11 @@ def _check_own(folder: str) -> None:
 
 
 @contextlib.contextmanager
-def staging(destination: str) -> Iterator[str]:
-    """The staging folder for `destination`, emptied of what a killed conversion left, removed when this one ends
-    however it ends (bar SIGKILL); one line when another conversion into the same destination is using it."""
-    folder = folder_for(destination)
+def staging(destination: str, endpoint: str = "") -> Iterator[str]:
+    """The staging folder for `destination` on `endpoint`'s store (s3://b/x on two stores is two datasets),
+    emptied of what a killed conversion left, removed when this one ends however it ends (bar SIGKILL); one line
+    when another conversion into the same destination is using it."""
+    folder = folder_for(destination, endpoint)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     _check_own(folder)
     with open(os.path.join(folder, LOCK), "a") as lock:

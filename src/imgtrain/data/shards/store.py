@@ -185,6 +185,11 @@ class Store:
             self._client = s3_client(self.timeout_s)
         return self._client
 
+    @property
+    def endpoint(self) -> str:
+        """Where the location lives: the S3 endpoint without credentials, or "" for a local path."""
+        return endpoint(self.client) if self.location.is_s3 else ""
+
     def _key(self, name: str) -> str:
         return self.location.prefix + name
 
