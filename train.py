@@ -5,8 +5,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from imgtrain.cli import one_line_errors, register, run_guarded
-from imgtrain.run import run
+from imgtrain.train.cli import one_line_errors, register, run_guarded
+from imgtrain.train.run import run
 
 register()
 

@@ -16,7 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from imgtrain.model import build_model
+from imgtrain.train.model import build_model
 
 
 def ceiling(arch: str, cifar: bool, size: int, batch: int, **options: bool) -> float:

@@ -49,7 +49,7 @@ from storage import storage  # noqa: E402  (benchmarks/storage.py)
 from imgtrain.data.datasets import build_shapes  # noqa: E402
 from imgtrain.data.samples import GuardedSamples, collate  # noqa: E402
 from imgtrain.data.shapes import ensure_shapes  # noqa: E402
-from imgtrain.host import available_cpus  # noqa: E402
+from imgtrain.host.cpus import available_cpus  # noqa: E402
 
 NOT_MEASURED = "not measured: no CUDA device on this machine"
 CKPT_WINDOW = 5  # steps per logging window in the checkpoint section

@@ -27,7 +27,7 @@ from torchvision.io import ImageReadMode
 from torchvision.io import decode_image as torchvision_decode
 
 from imgtrain.data.decoders import decode_bytes
-from imgtrain.environment import cpu_model
+from imgtrain.metrics.environment import cpu_model
 
 
 def make_jpegs(count: int, width: int, height: int, seed: int = 0) -> list[torch.Tensor]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from imgtrain.host import available_cpus  # imports no torch
+from imgtrain.host.cpus import available_cpus  # imports no torch
 
 # Under pytest-xdist (make test: -n 2), each worker process gets its share of the CPUs for torch's threads, and
 # so do the train.py processes it starts: two workers each using every core oversubscribe them, and the suite

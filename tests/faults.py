@@ -11,7 +11,7 @@ import os
 import torch
 from torch import nn
 
-from imgtrain.model import build_model
+from imgtrain.train.model import build_model
 
 
 class NaNAt(nn.Module):

@@ -14,11 +14,11 @@ import pytest
 import torch
 from helpers import compose_cfg
 
-from imgtrain.checkpoint import Checkpointer
 from imgtrain.data.shards import command
-from imgtrain.errors import RunError
-from imgtrain.faults import Preempted
-from imgtrain.run import run
+from imgtrain.resilience.checkpoint import Checkpointer
+from imgtrain.resilience.errors import RunError
+from imgtrain.resilience.faults import Preempted
+from imgtrain.train.run import run
 
 
 def shards_args(root: Path | str, *more: str) -> list[str]:

@@ -8,9 +8,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from imgtrain.cli import one_line_errors, register, run_guarded
 from imgtrain.data.shards.dataset import ShardSplit
-from imgtrain.run import run
+from imgtrain.train.cli import one_line_errors, register, run_guarded
+from imgtrain.train.run import run
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -18,14 +18,14 @@ import pytest
 import torch
 from helpers import FAST, compose_cfg
 
-from imgtrain import checkpoint
-from imgtrain.agreement import WindowReport, merge
-from imgtrain.checkpoint import Checkpointer, CheckpointError, CheckpointStore
-from imgtrain.config import NonFinite, validate
-from imgtrain.dist import DistInfo
-from imgtrain.errors import RunError
-from imgtrain.faults import Faults
-from imgtrain.optim import build_step
+from imgtrain.config.schema import NonFinite, validate
+from imgtrain.host.dist import DistInfo
+from imgtrain.resilience import checkpoint
+from imgtrain.resilience.agreement import WindowReport, merge
+from imgtrain.resilience.checkpoint import Checkpointer, CheckpointError, CheckpointStore
+from imgtrain.resilience.errors import RunError
+from imgtrain.resilience.faults import Faults
+from imgtrain.train.step import build_step
 
 
 def _payload(step: int, size: int = 1000) -> dict:
@@ -120,7 +120,7 @@ def test_a_kill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path:
     script = textwrap.dedent(
         f"""
         import os, pathlib, time, torch
-        from imgtrain import checkpoint
+        from imgtrain.resilience import checkpoint
         from test_checkpoint import _payload
         store = checkpoint.CheckpointStore(pathlib.Path({str(tmp_path)!r}), enabled=True)
         store.save(_payload(1))

@@ -13,9 +13,9 @@ from helpers import compose_cfg, run_train
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from imgtrain.cli import one_line
-from imgtrain.errors import is_bad_input
-from imgtrain.run import run
+from imgtrain.resilience.errors import is_bad_input
+from imgtrain.train.cli import one_line
+from imgtrain.train.run import run
 
 
 def test_one_line_keeps_key_and_reason() -> None:

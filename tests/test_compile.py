@@ -14,14 +14,14 @@ import torch
 from helpers import FAST, compose_cfg
 from hydra.errors import ConfigCompositionException
 
-from imgtrain.cli import one_line
-from imgtrain.config import CompileMode, Precision, validate
-from imgtrain.dist import DistInfo
-from imgtrain.errors import ConfigError
-from imgtrain.model import evaluation_module, prepare_model
-from imgtrain.optim import build_step
-from imgtrain.probe import ModelProbe, StepClock
-from imgtrain.run import run
+from imgtrain.config.schema import CompileMode, Precision, validate
+from imgtrain.host.dist import DistInfo
+from imgtrain.metrics.probe import ModelProbe, StepClock
+from imgtrain.resilience.errors import ConfigError
+from imgtrain.train.cli import one_line
+from imgtrain.train.model import evaluation_module, prepare_model
+from imgtrain.train.run import run
+from imgtrain.train.step import build_step
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)  # CUDA: only its type is read, nothing runs there
 

@@ -9,9 +9,10 @@ from helpers import CONF_DIR, compose_cfg
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from imgtrain import config
-from imgtrain.cli import one_line
-from imgtrain.config import (
+from imgtrain.config import schema as config
+from imgtrain.config.datasets import CifarConfig, ImageFolderConfig, ShapesConfig, ShardsConfig, SyntheticConfig
+from imgtrain.config.renamed_keys import MOVED_KEYS
+from imgtrain.config.schema import (
     AdamWConfig,
     CheckpointConfig,
     Config,
@@ -24,9 +25,8 @@ from imgtrain.config import (
     TrainConfig,
     validate,
 )
-from imgtrain.config_datasets import CifarConfig, ImageFolderConfig, ShapesConfig, ShardsConfig, SyntheticConfig
-from imgtrain.config_moved import MOVED_KEYS
-from imgtrain.errors import ConfigError
+from imgtrain.resilience.errors import ConfigError
+from imgtrain.train.cli import one_line
 
 # The groups a user picks from. debug_dataset is picked by config.yaml from debug and dataset (tested below).
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "debug_dataset")

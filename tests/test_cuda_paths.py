@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from imgtrain.config_fields import AugmentOn
+from imgtrain.config.fields import AugmentOn
 from imgtrain.data import batched, gpu_decode, resample, samples
 from imgtrain.data.datasets import eval_transform, train_transform
 from imgtrain.data.feed import CudaPrefetcher

@@ -36,7 +36,7 @@ from imgtrain.data.datasets import (
 )
 from imgtrain.data.folders import split_indices
 from imgtrain.data.jpeg import jpeg_problem
-from imgtrain.errors import ConfigError
+from imgtrain.resilience.errors import ConfigError
 
 MEAN, STD = [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]
 SRC_DIR = str(Path(imgtrain.__file__).resolve().parents[1])

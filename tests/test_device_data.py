@@ -15,8 +15,8 @@ from imgtrain.data.jpeg import EncodedBatch
 from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.samples import Batch
 from imgtrain.data.shapes import ensure_shapes
-from imgtrain.errors import RunError
-from imgtrain.run import run
+from imgtrain.resilience.errors import RunError
+from imgtrain.train.run import run
 
 
 def test_pad_crop_flip_matches_a_per_image_reference() -> None:
@@ -92,8 +92,8 @@ def test_gpu_decode_without_a_gpu_is_one_clear_line(tmp_path, data_dir) -> None:
     from helpers import compose_cfg
 
     from imgtrain.data.shapes import ensure_shapes
-    from imgtrain.errors import ConfigError
-    from imgtrain.run import run
+    from imgtrain.resilience.errors import ConfigError
+    from imgtrain.train.run import run
 
     root = ensure_shapes(str(tmp_path / "folder"), 32, 40, 10, 0)
     args = ["dataset=imagefolder", f"dataset.root={root}", "dataset.image_size=32", "dataset.decode=cuda"]
@@ -189,7 +189,7 @@ def test_the_compute_ceiling_with_gpu_decode_trains_on_its_device_batch(tmp_path
     """mode=compute's batch is already decoded on the device: dataset.decode=cuda leaves it alone."""
     from helpers import compose_cfg
 
-    from imgtrain.config import validate
+    from imgtrain.config.schema import validate
     from imgtrain.data.pipeline import decodes_on_gpu
 
     folder = tmp_path / "folder"

@@ -8,8 +8,8 @@ import typing
 
 from helpers import ROOT
 
-from imgtrain.config import AUTO, Config, DataConfig
-from imgtrain.config_moved import MOVED_KEYS
+from imgtrain.config.renamed_keys import MOVED_KEYS
+from imgtrain.config.schema import AUTO, Config, DataConfig
 from imgtrain.metrics.summary import FIELDS
 
 README = (ROOT / "README.md").read_text()

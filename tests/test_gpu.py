@@ -23,7 +23,6 @@ from PIL import Image
 from shardhelpers import shards_args
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from imgtrain.checkpoint import Checkpointer, checkpointer
 from imgtrain.data.datasets import EncodedFileDataset, eval_transform
 from imgtrain.data.decoders import decode_file
 from imgtrain.data.feed import CudaPrefetcher, ResidentLoader
@@ -34,7 +33,8 @@ from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.samples import Batch, GuardedSamples, collate
 from imgtrain.data.shapes import ensure_shapes
 from imgtrain.metrics import Metrics
-from imgtrain.run import run
+from imgtrain.resilience.checkpoint import Checkpointer, checkpointer
+from imgtrain.train.run import run
 
 pytestmark = [
     pytest.mark.gpu,

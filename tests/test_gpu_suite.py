@@ -18,7 +18,7 @@ import pytest
 import torch
 from helpers import ROOT, compose_cfg
 
-from imgtrain.config import validate
+from imgtrain.config.schema import validate
 
 GPU_SOURCES = [ROOT / "tests" / "test_gpu.py", ROOT / "tests" / "test_profiling.py"]
 BENCHMARKS = sorted((ROOT / "benchmarks").glob("*.py"))

@@ -13,11 +13,11 @@ import torch
 from helpers import compose_cfg
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from imgtrain.config import DataConfig, validate
+from imgtrain.config.schema import DataConfig, validate
 from imgtrain.data.loader import auto_num_workers, build_loader, init_worker, plan_loader
 from imgtrain.data.pipeline import RunData, make_loader, plan_loaders
 from imgtrain.data.samplers import EpochSampler, ShardSampler, sample_seed, sample_seeds
-from imgtrain.dist import DistInfo
+from imgtrain.host.dist import DistInfo
 
 
 def _dataset(n: int = 64) -> TensorDataset:
@@ -267,7 +267,7 @@ def test_workers_start_by_forkserver_under_a_process_group_unless_set(setting, p
 _SIGNALLED_LOADER = """
 import signal, sys, time, torch
 from torch.utils.data import TensorDataset
-from imgtrain.config import DataConfig
+from imgtrain.config.schema import DataConfig
 from imgtrain.data.failures import stop_workers
 from imgtrain.data.loader import build_loader, plan_loader
 got = []

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from imgtrain.optim import param_groups, warmup_cosine
+from imgtrain.train.step import param_groups, warmup_cosine
 
 
 def _closed_form(step: int, warmup: int, total: int) -> float:

@@ -1,4 +1,4 @@
-"""The optional engines (imgtrain/optional.py) and the CPU decoder's choice (data/decoders.py): one line naming the
+"""The optional engines (imgtrain/host/optional.py) and the CPU decoder's choice (data/decoders.py): one line naming the
 package and the fix where one is missing, and no other run touched. Missing packages are made missing the way
 Python itself does it (`sys.modules[name] = None` makes `import name` raise ImportError); the GPU box as a whole,
 with the packages absent from disk, is tests/test_gpubox.py."""
@@ -17,11 +17,11 @@ from helpers import compose_cfg
 from PIL import Image
 from shardhelpers import failure
 
-from imgtrain import optional
 from imgtrain.data import decoders
 from imgtrain.data.shapes import ensure_shapes
-from imgtrain.errors import ConfigError
-from imgtrain.run import run
+from imgtrain.host import optional
+from imgtrain.resilience.errors import ConfigError
+from imgtrain.train.run import run
 
 
 def test_every_engine_is_declared_in_its_extra() -> None:

@@ -11,17 +11,17 @@ import torch
 from helpers import FAST, compose_cfg, read_metrics
 from torch.utils.data import Dataset
 
-from imgtrain import dist, tune
-from imgtrain.config import validate
+from imgtrain.config.schema import validate
 from imgtrain.data import stages
 from imgtrain.data.datasets import build_shapes
 from imgtrain.data.feed import Feed
 from imgtrain.data.samples import GuardedSamples, collate
-from imgtrain.host import CpuBudget
-from imgtrain.metrics import report
+from imgtrain.host import dist
+from imgtrain.host.cpus import CpuBudget
+from imgtrain.metrics import report, tune
 from imgtrain.metrics.pipeline import PipelineMeter
 from imgtrain.metrics.spread import Rate
-from imgtrain.run import run
+from imgtrain.train.run import run
 
 
 def test_a_sample_records_read_decode_and_augment_and_a_batch_sums_them(tmp_path: Path) -> None:

@@ -13,13 +13,14 @@ import pytest
 import torch
 from helpers import compose_cfg
 
-from imgtrain import dist, host, tune
-from imgtrain.config import DataConfig, validate
+from imgtrain.config.schema import DataConfig, validate
 from imgtrain.data.loader import plan_loader
 from imgtrain.data.pipeline import build_data
-from imgtrain.environment import ProbePaths, fingerprint, jpeg_decoders, mount_of
-from imgtrain.host import cpu_quota, parse_cpu_max
-from imgtrain.preflight import LoaderLoad, check_cpus, check_filesystem, check_threads, preflight, warnings_for
+from imgtrain.host import cpus, dist
+from imgtrain.host.cpus import cpu_quota, parse_cpu_max
+from imgtrain.metrics import tune
+from imgtrain.metrics.environment import ProbePaths, fingerprint, jpeg_decoders, mount_of
+from imgtrain.metrics.preflight import LoaderLoad, check_cpus, check_filesystem, check_threads, preflight, warnings_for
 
 CPU = torch.device("cpu")
 GB = 10**9
@@ -76,7 +77,7 @@ def test_a_small_shm_is_warned_of_before_the_bus_error(tmp_path: Path, monkeypat
     data = build_data(settings, info, CPU, torch.contiguous_format, tmp_path)
     paths = ProbePaths(shm=str(tmp_path))
     assert not any("/dev/shm" in line for line in preflight(settings, info, CPU, data, paths=paths)["warnings"])
-    with caplog.at_level(logging.WARNING, logger="imgtrain.preflight"):
+    with caplog.at_level(logging.WARNING, logger="imgtrain.metrics.preflight"):
         env = preflight(settings, info, CPU, data, num_workers=8, paths=paths)  # as a later choice of workers
     # 8 workers x prefetch 2 = 16 train batches of 16 x 3 x 32 x 32 bytes = 0.79 MB > 50% of 1 MB; val (64 images,
     # 2 batches of 32) holds less
@@ -176,10 +177,10 @@ def test_auto_and_tune_count_a_containers_cpu_quota_and_say_so(tmp_path: Path, m
     (tmp_path / "v2" / "docker" / "abc" / "cpu.max").write_text("250000 100000\n")
     (tmp_path / "cgroup").write_text("0::/docker/abc\n")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    monkeypatch.setattr(host, "CGROUP_FILE", str(tmp_path / "cgroup"))
-    monkeypatch.setattr(host, "CGROUP_ROOT", str(tmp_path / "v2"))
-    budget = host.cpu_budget()
-    assert (budget.affinity, budget.quota, budget.usable) == (16, 2.5, 2) and host.available_cpus() == 2
+    monkeypatch.setattr(cpus, "CGROUP_FILE", str(tmp_path / "cgroup"))
+    monkeypatch.setattr(cpus, "CGROUP_ROOT", str(tmp_path / "v2"))
+    budget = cpus.cpu_budget()
+    assert (budget.affinity, budget.quota, budget.usable) == (16, 2.5, 2) and cpus.available_cpus() == 2
     plan = plan_loader(DataConfig(num_workers="auto"), train=True, device_type="cpu")
     assert plan.kwargs["num_workers"] == 1
     assert (
@@ -188,5 +189,5 @@ def test_auto_and_tune_count_a_containers_cpu_quota_and_say_so(tmp_path: Path, m
     )
     assert tune.worker_candidates(local_world_size=1)[0] == [0, 1, 2]
     (tmp_path / "v2" / "docker" / "abc" / "cpu.max").write_text("max 100000\n")  # no quota: the mask counts
-    assert host.cpu_budget().usable == 16 and "the CPU affinity mask" in host.cpu_budget().limited_by
+    assert cpus.cpu_budget().usable == 16 and "the CPU affinity mask" in cpus.cpu_budget().limited_by
     assert plan_loader(DataConfig(num_workers="auto"), train=True, device_type="cpu").kwargs["num_workers"] == 15

@@ -12,10 +12,10 @@ import pytest
 import torch
 from helpers import FAST, compose_cfg
 
-from imgtrain.config import MetricsConfig
-from imgtrain.dist import DistInfo
-from imgtrain.profiling import PREFIX, RANGES, Profiler, no_range
-from imgtrain.run import run
+from imgtrain.config.schema import MetricsConfig
+from imgtrain.host.dist import DistInfo
+from imgtrain.metrics.profiling import PREFIX, RANGES, Profiler, no_range
+from imgtrain.train.run import run
 
 CPU = torch.device("cpu")
 
@@ -51,7 +51,7 @@ def test_off_the_ranges_are_one_shared_noop(tmp_path: Path) -> None:
 
 def test_the_trace_holds_every_labelled_range(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     profiler = _profiler(tmp_path, steps_left=10)  # 0 wait + 1 profiler warm-up + 2 recorded steps
-    with caplog.at_level(logging.INFO, logger="imgtrain.profiling"), profiler:
+    with caplog.at_level(logging.INFO, logger="imgtrain.metrics.profiling"), profiler:
         _steps(profiler, 3)
         assert profiler.trace == str(tmp_path / "profile" / "trace_rank0.json.gz")
         assert isinstance(profiler.range("forward"), contextlib.nullcontext)  # written: ranges off from here
@@ -67,7 +67,7 @@ def test_the_trace_holds_every_labelled_range(tmp_path: Path, caplog: pytest.Log
 def test_a_run_shorter_than_the_schedule_says_so_and_writes_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="imgtrain.profiling"):
+    with caplog.at_level(logging.WARNING, logger="imgtrain.metrics.profiling"):
         profiler = _profiler(tmp_path, steps_left=5, skip_first_steps=2, profile_steps=3)  # needs 2 + 1 + 3
         with profiler:
             _steps(profiler, 5)
@@ -76,7 +76,7 @@ def test_a_run_shorter_than_the_schedule_says_so_and_writes_nothing(
 
 
 def test_a_run_stopped_while_recording_writes_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="imgtrain.profiling"):
+    with caplog.at_level(logging.WARNING, logger="imgtrain.metrics.profiling"):
         profiler = _profiler(tmp_path, steps_left=10, profile_steps=3)
         with pytest.raises(KeyboardInterrupt), profiler:
             _steps(profiler, 2)  # warm-up and one recorded step of three
@@ -87,7 +87,7 @@ def test_a_run_stopped_while_recording_writes_nothing(tmp_path: Path, caplog: py
 
 def test_a_trace_that_cannot_be_written_costs_the_trace_only(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "profile").write_text("a file where the folder would go")
-    with caplog.at_level(logging.WARNING, logger="imgtrain.profiling"):
+    with caplog.at_level(logging.WARNING, logger="imgtrain.metrics.profiling"):
         profiler = _profiler(tmp_path, steps_left=10)
         with profiler:
             _steps(profiler, 5)  # the training goes on

@@ -14,12 +14,12 @@ import torchvision.transforms.v2.functional as F
 from helpers import compose_cfg
 from torchvision.transforms import v2
 
-from imgtrain.config_fields import AugmentOn
+from imgtrain.config.fields import AugmentOn
 from imgtrain.data import batched, resample
 from imgtrain.data.datasets import TensorImageDataset, build_shapes, square_resize, train_transform
 from imgtrain.data.feed import Feed
 from imgtrain.data.samples import GuardedSamples, RawBatch, RawImage, collate
-from imgtrain.run import run
+from imgtrain.train.run import run
 
 SIZES = [(375, 500), (500, 375), (300, 300), (480, 640), (150, 200), (90, 120), (48, 64), (40, 30)]  # (H, W)
 SPECS = {
@@ -246,7 +246,7 @@ def test_auto_sends_only_batches_of_one_size_near_the_crop_to_the_device(tmp_pat
 
 
 def test_the_loader_plan_keeps_auto_in_the_workers_off_cuda() -> None:
-    from imgtrain.config import DataConfig
+    from imgtrain.config.schema import DataConfig
     from imgtrain.data.loader import plan_loader
 
     cpu = plan_loader(DataConfig(num_workers=0), train=True, device_type="cpu")

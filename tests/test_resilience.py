@@ -26,11 +26,11 @@ from helpers import FAST, RESUMABLE, ROOT, _env, _wait_for, compose_cfg, interru
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from imgtrain import checkpoint
-from imgtrain.checkpoint import Checkpointer
-from imgtrain.errors import RunError
-from imgtrain.faults import Preempted
-from imgtrain.run import run
+from imgtrain.resilience import checkpoint
+from imgtrain.resilience.checkpoint import Checkpointer
+from imgtrain.resilience.errors import RunError
+from imgtrain.resilience.faults import Preempted
+from imgtrain.train.run import run
 
 
 def _train(run_dir: Path, *overrides: str) -> dict:
@@ -312,7 +312,7 @@ def test_a_kill_during_a_background_write_leaves_a_loadable_checkpoint_and_resum
         f"""
         import os, threading, time
         from helpers import RESUMABLE, compose_cfg
-        from imgtrain.run import run
+        from imgtrain.train.run import run
         real_fsync = os.fsync
 
         def held_fsync(fd):

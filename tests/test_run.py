@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from helpers import compose_cfg
 
-from imgtrain.errors import ConfigError
-from imgtrain.model import resolve_precision
-from imgtrain.run import NotMeasured, run
+from imgtrain.resilience.errors import ConfigError
+from imgtrain.train.model import resolve_precision
+from imgtrain.train.run import NotMeasured, run
 
 SYNTHETIC = [
     "dataset=synthetic",

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from helpers import FAST, compose_cfg, run_train
 
-from imgtrain import rundir
-from imgtrain.errors import ConfigError, RunError
-from imgtrain.run import run
-from imgtrain.rundir import LOCK_NAME, STALE_AFTER_S, RunDirLock
+from imgtrain.resilience import rundir
+from imgtrain.resilience.errors import ConfigError, RunError
+from imgtrain.resilience.rundir import LOCK_NAME, STALE_AFTER_S, RunDirLock
+from imgtrain.train.run import run
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def holder(tmp_path: Path):
     script = textwrap.dedent(
         f"""
         import pathlib, time
-        from imgtrain.rundir import RunDirLock
+        from imgtrain.resilience.rundir import RunDirLock
         with RunDirLock(pathlib.Path({str(run_dir)!r})):
             print("locked", flush=True)
             time.sleep(600)

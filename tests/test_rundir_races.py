@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from imgtrain import rundir
-from imgtrain.errors import ConfigError, RunError
-from imgtrain.rundir import LOCK_NAME, STALE_AFTER_S, RunDirLock
+from imgtrain.resilience import rundir
+from imgtrain.resilience.errors import ConfigError, RunError
+from imgtrain.resilience.rundir import LOCK_NAME, STALE_AFTER_S, RunDirLock
 
 
 def _dead_pid() -> int:
@@ -68,7 +68,7 @@ def test_a_live_run_with_the_same_job_id_is_refused(tmp_path: Path, monkeypatch,
     monkeypatch.setenv(variable, value)
     script = f"""
         import pathlib, time
-        from imgtrain.rundir import RunDirLock
+        from imgtrain.resilience.rundir import RunDirLock
         with RunDirLock(pathlib.Path({str(tmp_path)!r})):
             print("locked", flush=True)
             time.sleep(600)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from test_checkpoint import _payload
 
-from imgtrain import checkpoint
-from imgtrain.checkpoint import CheckpointStore
-from imgtrain.host import write_json
+from imgtrain.resilience import checkpoint
+from imgtrain.resilience.atomic import write_json
+from imgtrain.resilience.checkpoint import CheckpointStore
 
 
 @pytest.fixture

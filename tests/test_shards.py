@@ -19,8 +19,8 @@ from shardhelpers import failure, pack, shards_args
 
 pytest.importorskip("litdata", reason="dataset=shards needs the shards extra: pip install -e '.[shards]'")
 
-from imgtrain.config import DataConfig  # noqa: E402
-from imgtrain.config_fields import AugmentOn  # noqa: E402
+from imgtrain.config.fields import AugmentOn  # noqa: E402
+from imgtrain.config.schema import DataConfig  # noqa: E402
 from imgtrain.data.datasets import eval_transform  # noqa: E402
 from imgtrain.data.folders import folder_splits  # noqa: E402
 from imgtrain.data.loader import plan_loader  # noqa: E402
@@ -33,8 +33,8 @@ from imgtrain.data.shards import staging  # noqa: E402
 from imgtrain.data.shards.dataset import ShardError, ShardSplit  # noqa: E402
 from imgtrain.data.shards.manifest import MANIFEST, PARTIAL  # noqa: E402
 from imgtrain.data.shards.store import Location  # noqa: E402
-from imgtrain.errors import ConfigError  # noqa: E402
-from imgtrain.run import run  # noqa: E402
+from imgtrain.resilience.errors import ConfigError  # noqa: E402
+from imgtrain.train.run import run  # noqa: E402
 
 
 def records(root: Path, split: str) -> list[dict]:

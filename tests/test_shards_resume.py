@@ -24,7 +24,7 @@ from shardhelpers import shards_args, slowed_conversion, staging_folder, stop_af
 pytest.importorskip("litdata", reason="dataset=shards needs the shards extra: pip install -e '.[shards]'")
 
 from imgtrain.data.shards.manifest import MANIFEST, PARTIAL  # noqa: E402
-from imgtrain.run import run  # noqa: E402
+from imgtrain.train.run import run  # noqa: E402
 
 RESUMABLE = ["train.epochs=2", "system.deterministic=true", "checkpoint.every_n_steps=3"]
 

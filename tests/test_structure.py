@@ -1,6 +1,7 @@
 """The code's shape (issue 19): imports flow one way (config -> dist -> data/model -> metrics/checkpoint -> loop
 -> run), with no cycle between imgtrain's modules, counting `from imgtrain.pkg import x` as an import of the
-package (its __init__) too; no function over 60 lines and no file over 350."""
+package (its __init__) too; no function over 60 lines, and no file of the engine over 350 (the files a fork grows
+are exempt: FORK_GROWS)."""
 
 from __future__ import annotations
 
@@ -65,11 +66,22 @@ def test_no_function_in_src_is_over_60_lines() -> None:
 
 MAX_FILE_LINES = 350  # DEVELOPERS.md: files under about 350 lines
 
+# The files a fork is meant to grow (its models, its loss and schedule, its datasets and their config keys): the
+# size rule keeps the engine readable, and must not fail a fork's first change to its own recipe.
+FORK_GROWS = {
+    "imgtrain/train/model.py",
+    "imgtrain/train/step.py",
+    "imgtrain/data/datasets.py",
+    "imgtrain/config/schema.py",
+    "imgtrain/config/datasets.py",
+}
 
-def test_no_file_in_src_is_over_350_lines() -> None:
+
+def test_no_engine_file_in_src_is_over_350_lines() -> None:
+    assert all((SRC / name).is_file() for name in FORK_GROWS), "FORK_GROWS names a file that moved"
     long = [
         f"{path.relative_to(SRC)}: {n}"
         for path in SRC.rglob("*.py")
-        if (n := len(path.read_text().splitlines())) > MAX_FILE_LINES
+        if str(path.relative_to(SRC)) not in FORK_GROWS and (n := len(path.read_text().splitlines())) > MAX_FILE_LINES
     ]
     assert not long, long

@@ -20,12 +20,12 @@ from helpers import CONF_DIR, FAST, ROOT, _env, _wait_for, compose_cfg, run_trai
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
-from imgtrain.errors import RunEnded
 from imgtrain.metrics import report, spread
-from imgtrain.run import run
-from imgtrain.sweep_plot import plot
-from imgtrain.sweep_rank import MEMORY_NOISE, MIN_GAIN, cheapest, decision, drift, memory_noise, pool_repeats
-from imgtrain.sweep_report import SweepReport, build_report, collect, rank, read_job, recipe_note, reproduce_command
+from imgtrain.resilience.errors import RunEnded
+from imgtrain.sweep.plot import plot
+from imgtrain.sweep.rank import MEMORY_NOISE, MIN_GAIN, cheapest, decision, drift, memory_noise, pool_repeats
+from imgtrain.sweep.report import SweepReport, build_report, collect, rank, read_job, recipe_note, reproduce_command
+from imgtrain.train.run import run
 
 # The sweeps override data.num_workers. A window per step: 6 steady windows of 8 steps, enough for an interval.
 SWEEP = [*FAST, "metrics.log_every_n_steps=1"]
@@ -283,7 +283,7 @@ def test_rank_marks_noise(tmp_path: Path) -> None:
 
 
 def test_ceilings_line_names_the_limit_only_when_the_intervals_tell_it() -> None:
-    from imgtrain.sweep_report import ceilings
+    from imgtrain.sweep.report import ceilings
 
     def row(mode: str, rate: float, noise: float = 5.0) -> dict:
         figures = {"images_per_sec": rate, "rate_median": rate, "windows_all_ranks": [rate] * 6}
@@ -379,7 +379,7 @@ def _drawn(sweep: Path):
 
 
 def test_the_plot_stars_the_fastest_job_and_draws_every_ceiling(tmp_path: Path) -> None:
-    from imgtrain.sweep_report import build_report
+    from imgtrain.sweep.report import build_report
 
     _mixed_sweep(tmp_path)
     assert build_report(tmp_path)["job"] == "1"
@@ -419,7 +419,7 @@ def test_the_stage_panel_stacks_each_measured_stage_per_job(tmp_path: Path) -> N
 
 
 def test_the_plot_survives_sweeps_without_stage_times_or_figures(tmp_path: Path) -> None:
-    from imgtrain.sweep_report import build_report
+    from imgtrain.sweep.report import build_report
 
     for name, jobs in {
         "old": [{"rate": 90.0, "windows": [90.0] * 6}, {"rate": 95.0, "windows": [94.0, 96.0] * 3}],
@@ -441,7 +441,7 @@ def test_the_plot_survives_sweeps_without_stage_times_or_figures(tmp_path: Path)
 
 
 def test_the_table_gains_pipeline_columns_only_when_measured(tmp_path: Path) -> None:
-    from imgtrain.sweep_report import build_report, collect, table
+    from imgtrain.sweep.report import build_report, collect, table
 
     _mixed_sweep(tmp_path / "new")
     build_report(tmp_path / "new")
@@ -463,7 +463,7 @@ def test_the_table_gains_pipeline_columns_only_when_measured(tmp_path: Path) -> 
 
 
 def test_the_report_says_what_the_jobs_ran_on(tmp_path: Path) -> None:
-    from imgtrain.sweep_report import build_report
+    from imgtrain.sweep.report import build_report
 
     env = {"hostname": "node1", "gpu_name": "NVIDIA H100", "cuda": "12.4", "torch": "2.5.1", "cpus_available": 16}
     for name, second in {"same": env, "moved": {**env, "hostname": "node2", "cpus_available": 8}}.items():

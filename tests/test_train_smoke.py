@@ -81,7 +81,7 @@ def test_metrics_json_holds_the_final_summary(smoke_run) -> None:
     assert len(metrics["epoch_start_cost_s"]) == 1 and metrics["epoch_start_cost_frac"] is not None
     assert metrics["rss_peak_gb"] > 0.1
     assert metrics["profile_trace"] is None  # metrics.profile=false: no trace
-    env = metrics["environment"]  # the pre-flight fingerprint (imgtrain.preflight)
+    env = metrics["environment"]  # the pre-flight fingerprint (imgtrain.metrics.preflight)
     assert env["torch"] == metrics["torch_version"] and env["torchvision"] == metrics["torchvision_version"]
     assert env["python"].count(".") == 2 and env["cpus_available"] >= 1 and env["gpu_name"] is None
     assert env["decoder"]["in_use"].startswith("torchcodec (JPEG, PNG, WebP, GIF)") and env["decoder"]["pillow"]

@@ -13,11 +13,11 @@ import torch
 import torch.distributed.distributed_c10d as c10d
 from helpers import FAST, compose_cfg
 
-from imgtrain import dist
-from imgtrain.checkpoint import files
-from imgtrain.errors import ConfigError, RunError
-from imgtrain.run import run
-from imgtrain.sweep_report import collect, read_job
+from imgtrain.host import dist
+from imgtrain.resilience.checkpoint import files
+from imgtrain.resilience.errors import ConfigError, RunError
+from imgtrain.sweep.report import collect, read_job
+from imgtrain.train.run import run
 
 QUICK = [*FAST, "dataset.num_val=32", "data.num_workers=0", "train.max_steps=2"]
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from imgtrain.errors import EXIT_FAILED, RunEnded
-from imgtrain.optional import LOAD_ERRORS
-from imgtrain.sweep_report import build_report
+from imgtrain.host.optional import LOAD_ERRORS
+from imgtrain.resilience.errors import EXIT_FAILED, RunEnded
+from imgtrain.sweep.report import build_report
 
 try:
     from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper

@@ -12,7 +12,7 @@ from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.transforms import v2
 
 from imgtrain.data.datasets import DatasetBundle, TensorImageDataset, square_resize, triple
-from imgtrain.errors import ConfigError
+from imgtrain.resilience.errors import ConfigError
 
 DOWNLOAD_TIMEOUT_S = 20.0  # socket timeout for the CIFAR download, so an offline machine fails fast
 CIFAR_FILES = {

@@ -21,8 +21,8 @@ import torch
 import torchvision
 from PIL import Image, UnidentifiedImageError
 
-from imgtrain.errors import ConfigError, first_line
-from imgtrain.optional import LOAD_ERRORS
+from imgtrain.host.optional import LOAD_ERRORS
+from imgtrain.resilience.errors import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import psutil
 
-from imgtrain.config import DataConfig
-from imgtrain.errors import RunError
+from imgtrain.config.schema import DataConfig
+from imgtrain.resilience.errors import RunError
 
 
 class LoaderFailed(RunError):

@@ -26,7 +26,7 @@ from imgtrain.data.gpu_decode import GpuJpegBatches
 from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.samples import Batch, GuardedSamples, RawBatch, collate
 from imgtrain.data.stages import StreamTimer
-from imgtrain.errors import ConfigError, RunError
+from imgtrain.resilience.errors import ConfigError, RunError
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from imgtrain.data.copies import to_device
 from imgtrain.data.jpeg import EncodedBatch
 from imgtrain.data.samples import Batch
 from imgtrain.data.stages import StreamTimer
-from imgtrain.errors import RunError
+from imgtrain.resilience.errors import RunError
 
 
 class GpuJpegBatches:

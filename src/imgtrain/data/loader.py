@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from imgtrain.config import AUTO, TUNE, AugmentOn, DataConfig
+from imgtrain.config.schema import AUTO, TUNE, AugmentOn, DataConfig
 from imgtrain.data.samplers import EpochSampler, ShardSampler
 from imgtrain.data.samples import GuardedSamples, collate
-from imgtrain.host import available_cpus, cpu_budget
+from imgtrain.host.cpus import available_cpus, cpu_budget
 
 log = logging.getLogger(__name__)
 

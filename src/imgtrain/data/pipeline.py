@@ -13,17 +13,17 @@ import torch
 from hydra.utils import instantiate
 from torch.utils.data import DataLoader
 
-from imgtrain import dist, optional
-from imgtrain.config import Config, DataConfig, Mode
-from imgtrain.config_datasets import Decode
+from imgtrain.config.datasets import Decode
+from imgtrain.config.schema import Config, DataConfig, Mode
 from imgtrain.data.datasets import DatasetBundle
 from imgtrain.data.failures import stop_workers
 from imgtrain.data.feed import DeviceBatches, Feed, build_resident
 from imgtrain.data.loader import LoaderPlan, build_loader, plan_loader, train_sampler
 from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.streamed import StreamedLoader, StreamedSplit
-from imgtrain.errors import ConfigError
-from imgtrain.host import write_json
+from imgtrain.host import dist, optional
+from imgtrain.resilience.atomic import write_json
+from imgtrain.resilience.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
-from imgtrain.config_fields import AugmentOn
+from imgtrain.config.fields import AugmentOn
 from imgtrain.data import batched, resample, stages
 from imgtrain.data.datasets import CorruptSampleError
 from imgtrain.data.jpeg import EncodedBatch, EncodedJpeg

@@ -20,7 +20,7 @@ import uuid
 import numpy as np
 from PIL import Image, ImageDraw
 
-from imgtrain.host import available_cpus
+from imgtrain.host.cpus import available_cpus
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import torch
 
-from imgtrain.host import available_cpus
+from imgtrain.host.cpus import available_cpus
 from imgtrain.metrics.memory import TreeMemory, forked_children
 
 logger = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from imgtrain import dist
 from imgtrain.data.stages import STAGES, BatchTimes, StreamTimer
+from imgtrain.host import dist
 from imgtrain.metrics.spread import Rate
 
 # Accumulated per window and over the steady state: seconds, except the counts.

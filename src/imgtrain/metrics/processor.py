@@ -18,11 +18,9 @@ from typing import Any, Protocol
 import torch
 import torchvision
 
-from imgtrain import dist
-from imgtrain.agreement import Agreement, WindowReport, exchange
-from imgtrain.config import Config, Mode
-from imgtrain.faults import Faults
-from imgtrain.host import available_cpus, write_json
+from imgtrain.config.schema import Config, Mode
+from imgtrain.host import dist
+from imgtrain.host.cpus import available_cpus
 from imgtrain.metrics.epoch_start import EpochStarts
 from imgtrain.metrics.monitor import ResourceMonitor
 from imgtrain.metrics.pipeline import PipelineMeter
@@ -39,6 +37,9 @@ from imgtrain.metrics.spread import Rate
 from imgtrain.metrics.summary import RunSummary
 from imgtrain.metrics.tensorboard import MetricsLogger, hparam_metrics, hparams
 from imgtrain.metrics.windows import StepMeter
+from imgtrain.resilience.agreement import Agreement, WindowReport, exchange
+from imgtrain.resilience.atomic import write_json
+from imgtrain.resilience.faults import Faults
 
 UNREADABLE_LISTED = 100  # distinct unreadable files listed in metrics.json (all are counted)
 

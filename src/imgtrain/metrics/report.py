@@ -9,7 +9,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from imgtrain.config import AUTO
+from imgtrain.config.schema import AUTO
 from imgtrain.data.loader import auto_num_workers
 from imgtrain.data.stages import WORKER_STAGES
 from imgtrain.metrics.spread import MIN_WINDOWS, Rate, indistinguishable, windows_needed
@@ -296,7 +296,7 @@ def update_progress(bar: tqdm, metrics: dict[str, float], global_step: int) -> N
         shown["img/s"] = f"{metrics['perf/images_per_sec']:.0f}"
         shown["wait"] = f"{metrics['perf/data_wait_frac']:.0%}"
     if bar.disable:
-        logging.getLogger("imgtrain.run").info(
+        logging.getLogger("imgtrain.train.run").info(
             "step %d: %s", global_step, " ".join(f"{k} {v}" for k, v in shown.items())
         )
     else:

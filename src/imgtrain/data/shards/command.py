@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from imgtrain.optional import MissingEngine, require_extra
+from imgtrain.host.optional import MissingEngine, require_extra
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,8 +48,8 @@ from imgtrain.data.shards.manifest import (
     read_partial,
 )
 from imgtrain.data.shards.store import Location, Store, redact
-from imgtrain.errors import ConfigError, RunError
-from imgtrain.host import available_cpus
+from imgtrain.host.cpus import available_cpus
+from imgtrain.resilience.errors import ConfigError, RunError
 
 # 64 MB chunks, LitData's own recommendation and MosaicML's default: one object-store request (tens of ms to its
 # first byte) is spread over hundreds of ImageNet-sized JPEGs, while ImageNet's 140 GB still makes ~2,200 chunks,

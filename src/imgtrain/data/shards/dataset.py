@@ -20,7 +20,7 @@ import torch
 from litdata import StreamingDataset
 from litdata.streaming.sampler import ChunkedIndex
 
-from imgtrain.config_fields import AugmentOn
+from imgtrain.config.fields import AugmentOn
 from imgtrain.data import batched, decoders
 from imgtrain.data.datasets import CorruptSampleError, DatasetBundle, imagenet_transforms, triple
 from imgtrain.data.decoders import DECODE_ERRORS, decode_bytes, error_reason
@@ -33,7 +33,7 @@ from imgtrain.data.shards.loader import ShardLoader
 from imgtrain.data.shards.manifest import FIELDS, SPLITS, Manifest, check_files, read_manifest
 from imgtrain.data.shards.store import Location, Store, redact
 from imgtrain.data.streamed import StreamedSplit
-from imgtrain.errors import RunError
+from imgtrain.resilience.errors import RunError
 
 
 class ShardError(RunError):

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from imgtrain.data.shards.store import Store
-from imgtrain.errors import ConfigError, RunError
+from imgtrain.resilience.errors import ConfigError, RunError
 
 MANIFEST = "imgtrain-shards.json"  # written last: its presence means the conversion finished
 PARTIAL = ".imgtrain-shards.partial.json"  # during a conversion: the source's fingerprint and the splits done

@@ -1,0 +1,1 @@
+"""The typed config schemas (dataclasses registered with Hydra's ConfigStore), their checks and choices."""

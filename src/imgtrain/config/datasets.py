@@ -1,0 +1,109 @@
+"""The dataset schemas: one per builder that `hydra.utils.instantiate` calls (`dataset=<name>`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from omegaconf import MISSING
+
+from imgtrain.config.fields import Choice, at_least, checked
+
+IMAGENET_MEAN = [0.485, 0.456, 0.406]
+IMAGENET_STD = [0.229, 0.224, 0.225]
+
+
+class Decode(Choice):
+    cpu = "cpu"  # workers decode
+    cuda = "cuda"  # workers read bytes; the GPU decodes whole batches (nvJPEG)
+
+
+@dataclass
+class DatasetConfig:
+    """Fields every dataset has. `_target_` is the builder that `hydra.utils.instantiate` calls."""
+
+    _target_: str = MISSING
+    name: str = MISSING
+    image_size: int = checked(64, at_least(8, note="pixels"))  # side of the square training crop
+    mean: list[float] = field(default_factory=lambda: list(IMAGENET_MEAN))  # 0..1 units, applied on the device
+    std: list[float] = field(default_factory=lambda: list(IMAGENET_STD))
+    augment: bool = True
+    extra: ClassVar[str | None] = None  # the optional engine it needs: imgtrain[<extra>] (host/optional.py)
+
+
+@dataclass
+class ShapesConfig(DatasetConfig):
+    """Procedurally drawn shapes, generated once as JPEG files in an ImageFolder layout."""
+
+    _target_: str = "imgtrain.data.datasets.build_shapes"
+    name: str = "shapes"
+    image_size: int = checked(32, at_least(8, note="pixels"))
+    root: str = "${data_dir}/shapes"
+    num_train: int = checked(5000, at_least(1))
+    num_val: int = checked(1000, at_least(1))
+    seed: int = 0
+    mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    std: list[float] = field(default_factory=lambda: [0.25, 0.25, 0.25])
+
+
+@dataclass
+class SyntheticConfig(DatasetConfig):
+    """Random uint8 images held in memory: no decode cost, for compute-bound measurements."""
+
+    _target_: str = "imgtrain.data.datasets.build_synthetic"
+    name: str = "synthetic"
+    num_train: int = checked(4096, at_least(1))
+    num_val: int = checked(512, at_least(1))
+    num_classes: int = checked(10, at_least(1))
+    seed: int = 0
+
+
+def _fraction(value: float) -> str | None:
+    return None if 0.0 < value < 1.0 else "expected a fraction between 0 and 1"
+
+
+@dataclass
+class ImageFolderConfig(DatasetConfig):
+    """Any ImageNet-style folder: root/train/<class>/*, root/val/<class>/*, or root/<class>/* plus a split."""
+
+    _target_: str = "imgtrain.data.datasets.build_imagefolder"
+    name: str = "imagefolder"
+    root: str | None = None  # required
+    val_fraction: float = checked(0.1, _fraction)  # used only when root has no val/ folder
+    split_seed: int = 0
+    image_size: int = checked(224, at_least(8, note="pixels"))
+    val_resize: int | None = None  # null = image_size / 0.875, the usual ImageNet ratio
+    decode: Decode = Decode.cpu
+
+
+@dataclass
+class ShardsConfig(DatasetConfig):
+    """An image folder packed by `imgtrain-shards SRC DST` (LitData shards), streamed from a directory or from
+    S3-compatible object storage (s3://bucket/prefix; credentials and endpoint from the standard AWS variables)."""
+
+    _target_: str = "imgtrain.data.shards.dataset.build_shards"
+    extra: ClassVar[str | None] = "shards"  # LitData and boto3
+    name: str = "shards"
+    root: str | None = None  # required: the DST that imgtrain-shards wrote, a directory or s3://bucket/prefix
+    image_size: int = checked(224, at_least(8, note="pixels"))
+    val_resize: int | None = None  # null = image_size / 0.875, the usual ImageNet ratio
+    decode: Decode = Decode.cpu
+    # Object storage only: LitData keeps the chunks it fetches under cache_dir/<bucket>/<prefix>/<split>, on each
+    # node, shared by the ranks there; cache_limit_gb caps that (null: LitData's default, 75% of the free disk
+    # leaving at least 50 GB). Below the split's size, each chunk is deleted after use and fetched again next epoch.
+    cache_dir: str = "${data_dir}/shard-cache"
+    cache_limit_gb: float | None = checked(None, at_least(0.001, "GB", null="LitData's default"))
+    timeout_s: float = checked(10.0, lambda v: None if v > 0 else "expected seconds > 0")  # per request, 2 tries
+
+
+@dataclass
+class CifarConfig(DatasetConfig):
+    """torchvision's CIFAR-10/100; downloaded on first use, with a clear message when offline."""
+
+    _target_: str = "imgtrain.data.cifar.build_cifar"
+    name: str = "cifar10"  # cifar10 or cifar100
+    root: str = "${data_dir}/cifar"
+    download: bool = True
+    image_size: int = checked(32, at_least(8, note="pixels"))
+    mean: list[float] = field(default_factory=lambda: [0.4914, 0.4822, 0.4465])
+    std: list[float] = field(default_factory=lambda: [0.2470, 0.2435, 0.2616])

@@ -1,0 +1,88 @@
+"""The optional engines: packages only some runs use, imported when such a run starts, never by the others.
+
+A fork that trains from an image folder needs neither LitData nor boto3 nor Optuna, and the GPU box that runs the
+CUDA tests has none of them. Each is declared as an extra in pyproject.toml (`pip install -e '.[shards]'`); `make
+install` installs them all. A run that needs a missing one (or one whose compiled library fails to load) ends in
+one line naming the package, what needs it and the command that installs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+from imgtrain.resilience.errors import ConfigError, first_line
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An importable module, the distribution pip installs it from, and the extra of imgtrain that declares it."""
+
+    module: str
+    package: str
+    extra: str
+
+
+ENGINES = {
+    engine.module: engine
+    for engine in (
+        Engine("litdata", "litdata", "shards"),  # dataset=shards, imgtrain-shards
+        Engine("boto3", "boto3", "shards"),  # object storage for dataset=shards and imgtrain-shards
+        Engine("hydra_plugins.hydra_optuna_sweeper", "hydra-optuna-sweeper", "search"),  # hparams_search (and Optuna)
+    )
+}
+# What fails when a module cannot be used: missing (ImportError), or a compiled library that does not load with
+# this torch (TorchCodec raises RuntimeError; a missing shared object, OSError).
+LOAD_ERRORS = (ImportError, OSError, RuntimeError)
+
+
+class MissingEngine(ConfigError):
+    """An optional package a run needs is missing or does not load (exit status 2, before any work starts)."""
+
+
+def install_hint(engine: Engine) -> str:
+    return f"pip install -e '.[{engine.extra}]' in the repository (make install installs every extra)"
+
+
+def require(module: str, needed_by: str) -> ModuleType:
+    """Import `module` (one of ENGINES) for `needed_by` (what the user asked for, e.g. "dataset=shards")."""
+    engine = ENGINES[module]
+    try:
+        return importlib.import_module(module)
+    except LOAD_ERRORS as error:
+        raise MissingEngine(
+            f"{needed_by} needs {engine.package}, which cannot be imported here ({first_line(error)}): "
+            f"{install_hint(engine)}"
+        ) from error
+
+
+def require_extra(extra: str, needed_by: str) -> None:
+    """Check every module of imgtrain's `extra` (e.g. "shards") before `needed_by` uses any of them."""
+    for module, engine in ENGINES.items():
+        if engine.extra == extra:
+            require(module, needed_by)
+
+
+# Config options that an engine's Hydra plugin registers: without the engine Hydra only says it cannot find them.
+PLUGIN_OPTIONS = {"hydra/sweeper/optuna": ("hydra_plugins.hydra_optuna_sweeper", "hparams_search (Optuna's sweeper)")}
+
+
+def missing_plugin_line(message: str) -> str | None:
+    """The line for a composition error `message` about an option whose engine is missing, else None."""
+    for option, (module, needed_by) in PLUGIN_OPTIONS.items():
+        if f"'{option}'" in message and missing(module):
+            try:
+                require(module, needed_by)
+            except MissingEngine as error:
+                return str(error)
+    return None
+
+
+def missing(module: str) -> bool:
+    """Whether `module` cannot be imported here (for messages about a choice that needs it)."""
+    try:
+        importlib.import_module(module)
+    except LOAD_ERRORS:
+        return True
+    return False

@@ -1,0 +1,114 @@
+"""The model's own images/s: full training steps on a batch already on the device, with no input pipeline.
+
+`data.num_workers=tune` compares every loader against it, and the verdict tells CPU contention from
+compute-bound with it (metrics.compute_probe). It must time the model as the run runs it: a copy of the model,
+compiled in the run's system.compile_mode (a compiled ResNet-18 at 32 px on an H100 ran 5,542 images/s in the
+bare loop against 3,950 eager), stepped by the run's own `Step` (CUDA-graph step marks included), and never a
+sync per step, which would leave the GPU idle between steps and read a launch-bound model as slower than it is.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from imgtrain.config.schema import Config, Precision
+from imgtrain.metrics.spread import Rate
+from imgtrain.train.model import compiled
+from imgtrain.train.step import Step, build_step
+
+log = logging.getLogger(__name__)
+
+WARMUP_STEPS = 3  # untimed steps of a new probe: compilation, CUDA-graph recording, cuDNN autotuning
+
+
+class StepClock:
+    """Each step's seconds, with no sync per step: on CUDA an event recorded after every step and read once at
+    the end (the GPU's own timeline); on the CPU, whose ops finish before they return, the host clock."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        """The end of a step (and the start of the next): queued on the current stream, not waited for."""
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def seconds(self) -> list[float]:
+        """Seconds of each step between two marks; on CUDA this waits, once, for the last one."""
+        if self.cuda and self.marks:
+            self.marks[-1].synchronize()
+            return [start.elapsed_time(end) / 1000.0 for start, end in itertools.pairwise(self.marks)]
+        return [end - start for start, end in itertools.pairwise(self.marks)]
+
+
+class ModelProbe:
+    """Times training steps of a copy of `base`, compiled as the run compiles it, on one random batch of the run's
+    shape. Built (and compiled, untimed) on first use or by `ready`; `release` frees the copy, its optimizer
+    state and its CUDA-graph memory. Calling it gives the median step's images/s with its 95% interval
+    (metrics/spread.py) when at least `min_steps` steps ran."""
+
+    def __init__(
+        self,
+        base: nn.Module,
+        num_classes: int,
+        settings: Config,
+        device: torch.device,
+        precision: Precision,
+        memory_format: torch.memory_format,
+    ) -> None:
+        self.base, self.num_classes, self.settings = base, num_classes, settings
+        self.device, self.precision, self.memory_format = device, precision, memory_format
+        self.parts: tuple[nn.Module, Step, torch.Tensor, torch.Tensor] | None = None
+
+    def ready(self) -> None:
+        """Build the probe now: its compilation and warm-up steps are not part of any timing."""
+        if self.parts is not None:
+            return
+        copied = copy.deepcopy(self.base).train()  # the run's weights and BatchNorm statistics stay untouched
+        model = compiled(copied, self.settings.system)  # the callable the run trains, without DDP's collectives
+        step = build_step(self.settings, copied, self.device, self.precision, (1, 1))
+        size, side = self.settings.data.batch_size, self.settings.dataset.image_size
+        images = torch.randn(size, 3, side, side, device=self.device).contiguous(memory_format=self.memory_format)
+        labels = torch.randint(0, self.num_classes, (size,), device=self.device)
+        self.parts = (model, step, images, labels)
+        started = time.perf_counter()
+        for _ in range(WARMUP_STEPS):
+            self._step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        log.debug("model probe ready in %.1f s", time.perf_counter() - started)
+
+    def _step(self) -> None:
+        """The training loop's own step (optim.Step), on the batch already on the device."""
+        model, step, images, labels = self.parts
+        _, loss = step.forward(model, images, labels)
+        step.update(loss, schedule=False)
+
+    def __call__(self, seconds: float, min_steps: int = 2) -> Rate:
+        self.ready()
+        clock = StepClock(self.device)
+        clock.mark()
+        started = time.perf_counter()
+        steps = 0
+        while steps < min_steps or time.perf_counter() - started < seconds:
+            self._step()
+            clock.mark()
+            steps += 1
+        size = self.settings.data.batch_size
+        return Rate.of([size / max(step_s, 1e-9) for step_s in clock.seconds()])
+
+    def release(self) -> None:
+        """Free the probe's model, optimizer state and graphs; a later call builds it again."""
+        self.parts = None

@@ -1,0 +1,284 @@
+"""The run's checkpointer: when to save, saving without stalling the loop, and resuming.
+
+When: every `checkpoint.every_min` minutes of wall time (rank 0's clock, agreed at a logging window so every
+rank saves at the same step), every `checkpoint.every_n_steps` steps if set, at an epoch end when the clock
+says so or validation improved (best.pt), at the end of the run, and at once on a stop signal.
+How: the training thread copies the state to host memory (`HostSnapshot`) and goes on; `AsyncWriter` writes,
+verifies and renames it in the background. Only rank 0 writes; the other ranks never wait for a periodic save.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from torch import nn
+
+from imgtrain.config.schema import Config, Mode
+from imgtrain.host import dist
+from imgtrain.resilience.agreement import Agreement
+from imgtrain.resilience.checkpoint.files import DIRNAME, FORMAT, FORMAT_VERSION, CheckpointStore, locate
+from imgtrain.resilience.checkpoint.files import load as load_checkpoint
+from imgtrain.resilience.checkpoint.state import (
+    HostSnapshot,
+    Progress,
+    capture_rng,
+    progress_dict,
+    progress_from,
+    restore_rng,
+)
+from imgtrain.resilience.checkpoint.writer import AsyncWriter
+from imgtrain.resilience.errors import ConfigError, RunError, first_line
+from imgtrain.resilience.faults import Faults, Preempted, Stop, StopReason
+from imgtrain.train.step import Step
+
+log = logging.getLogger(__name__)
+
+
+class Checkpointer:
+    """A run's checkpoints: resume, timed, periodic and epoch-end saves, best.pt, and the save a stop makes.
+
+    Every rank calls the same methods at the same steps, so all agree on where the last checkpoint is. It reads
+    the loop's `Progress` (from `resume`) and the faults' counts to save them; it writes neither.
+    """
+
+    def __init__(self, settings: Config, out_dir: Path, info: dist.DistInfo, faults: Faults) -> None:
+        self.settings, self.info, self.faults = settings, info, faults
+        self.writes = settings.mode == Mode.train and settings.checkpoint.save  # ceilings: speed only
+        self.store = CheckpointStore(out_dir / DIRNAME, enabled=self.writes and info.is_main)
+        self.every_steps = settings.checkpoint.every_n_steps
+        self.every_s = None if settings.checkpoint.every_min is None else settings.checkpoint.every_min * 60.0
+        self.last_save = time.monotonic()  # the clock starts with the run
+        self.due = False  # agreed at a window: rank 0's clock has run out
+        self.written_step: int | None = None  # the step of the newest checkpoint known to be on disk
+        self.snapshot, self.writer = HostSnapshot(), AsyncWriter()
+        self.model: nn.Module | None = None
+        self.step_state: Step | None = None
+        self.order: Any = None  # dataset=shards: the training order's state (state_dict / load_state_dict)
+        self.progress = Progress()  # the loop's, from `resume` on
+        self.total_steps = 0
+
+    def attach(self, model: nn.Module, step: Step, total_steps: int, order: Any = None) -> None:
+        """What the checkpoints hold: the underlying model (not its DDP or compiled wrapper), the Step and, for a
+        streamed dataset, the state of its order (the topology its epoch started with)."""
+        self.model, self.step_state, self.total_steps, self.order = model, step, total_steps, order
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[Checkpointer]:
+        """Training with background writes: on the way out, whatever the reason, the write in flight finishes."""
+        try:
+            yield self
+        finally:
+            self.writer.close()
+        if self.writer.failure is not None:  # the last save failed after the run had otherwise finished
+            raise self._write_failure()
+
+    # ------------------------------------------------------------------ the logging window's exchange
+    def report(self) -> dict[str, bool]:
+        """Rank 0's clock and write outcome, its fields of the window's `WindowReport` (other ranks: False)."""
+        clock = self.every_s is not None and self.store.enabled and time.monotonic() - self.last_save >= self.every_s
+        return {"checkpoint_due": clock, "write_failed": self.store.enabled and self.writer.failed}
+
+    def agree(self, agreed: Agreement) -> None:
+        self.due = self.due or agreed.checkpoint_due
+
+    # ------------------------------------------------------------------ the loop's calls
+    def step(self) -> None:
+        """After every step: save when the clock or the step interval says, unless a stop (which saves) is agreed
+        or, with faults.nonfinite=stop, a NaN loss has reached the weights."""
+        step = self.progress.step
+        interval = self.every_steps and step % self.every_steps == 0
+        if not ((interval or self.due) and step < self.total_steps) or self.faults.stop():
+            return
+        self.faults.read_nan_step()
+        if not self.faults.stop():
+            self.save(nan_read=True)
+
+    def stopped(self, stop: Stop) -> BaseException:
+        """Act on an agreed stop at a step boundary: save what may be saved (never weights a NaN loss has reached)
+        and return the exception that ends the run with one line (Preempted for a signal: exit 128 + its number)."""
+        self.faults.read_nan_step()  # nonfinite=stop: a NaN since the last window outranks the other reasons
+        stop = self.faults.stop() or stop
+        if stop.reason == StopReason.NONFINITE:
+            return self.faults.nonfinite_error(self.progress.epoch, self.settled_checkpoint())
+        if stop.reason == StopReason.WRITE_FAILED:
+            return self._write_failure()
+        where = self.save_and_wait(nan_read=True)
+        if stop.reason == StopReason.BAD_DATA:
+            return self.faults.bad.error(where)
+        name, step = signal.Signals(stop.signum).name, self.progress.step
+        log.warning("%s: stopped at step %d. %s", name, step, where)
+        self.faults.signals.hand_over(stop.signum)  # submitit's handler (if any) requeues the job and exits here
+        return Preempted(
+            stop.signum,
+            f"{name} at step {step}: {where} Run the same command again in the same run directory "
+            "(hydra.run.dir=...) to continue, or pass checkpoint.resume=<checkpoint>",
+        )
+
+    def end_epoch(self, improved: bool, last: bool) -> None:
+        """At an epoch end: save when validation improved (best.pt too), when the clock says (every epoch with
+        checkpoint.every_min=null), and at the end of the run, where every rank waits for the write."""
+        if last:
+            self.save_and_wait(best=improved)
+        elif improved or self.due or self.every_s is None:
+            self.save(best=improved)
+
+    def save(self, best: bool = False, wait: bool = False, nan_read: bool = False) -> str:
+        """Start writing last.pt (rank 0), never with weights a NaN loss has reached; a sentence saying where."""
+        if not nan_read:  # `nan_read`: the caller has just agreed on the NaN step (one sync and exchange, not two)
+            self.faults.before_save(self.settled_checkpoint, self.progress.epoch)
+        self.faults.merge_unreadable()  # every rank's distinct unreadable files, into the saved progress
+        self.due, self.last_save = False, time.monotonic()
+        if not self.writes:
+            return "Checkpoints are off (checkpoint.save=false or mode is not train)."
+        if self.store.enabled:
+            self._start_write(best, wait)
+        return f"The last checkpoint is {self.store.last} (step {self.progress.step})."
+
+    def save_and_wait(self, best: bool = False, nan_read: bool = False) -> str:
+        """Save and wait until it is on disk; every rank learns the outcome from rank 0 (so torchrun does not
+        kill rank 0 mid-write, and a failed write stops every rank with the same line)."""
+        where = self.save(best=best, wait=True, nan_read=nan_read)
+        failure = str(self._write_failure()) if self.store.enabled and self.writer.failure is not None else None
+        failure = dist.broadcast_plain(failure, self.info)
+        if failure:
+            raise RunError(failure)
+        return where
+
+    def _start_write(self, best: bool, wait: bool) -> None:
+        step = self.progress.step
+        if self.writer.busy and not (wait or best):
+            log.info(
+                "checkpoint of step %d skipped: the one of step %d is still being written",
+                *(step, self.writer.pending_step),
+            )
+            return
+        if self.writer.busy:
+            previous = self.writer.pending_step
+            waited = self.writer.wait()
+            log.info("waited %.2f s for the checkpoint of step %d before saving step %d", waited, previous, step)
+        if self.writer.failed:
+            return  # the run stops with that failure (now if waiting, else at the next window), keeping last.pt
+        started = time.perf_counter()
+        payload = self.snapshot.take(self._payload())  # queued copies to host memory; training goes on
+        copied_s = time.perf_counter() - started  # what the training thread spends on this save
+
+        def write() -> None:
+            started = time.perf_counter()
+            self.snapshot.ready()
+            self.store.save(payload, best=best)
+            self.written_step = step
+            log.info(
+                "checkpoint of step %d: %.3f s on the training thread, then written in %.2f s in the background",
+                *(step, copied_s, time.perf_counter() - started),
+            )
+
+        self.writer.submit(write, step)
+        if wait:
+            self.writer.wait()
+
+    def _payload(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "model": self.model.state_dict(),
+            **self.step_state.state_dict(),
+            "progress": progress_dict(self.progress, self.faults.counts),
+            "rng": capture_rng(),
+            "global_batch": self.settings.data.batch_size * self.info.world_size,
+            "config": OmegaConf.to_yaml(self.settings),
+            **({"data_order": self.order.state_dict()} if self.order is not None else {}),
+        }
+
+    def _write_failure(self) -> RunError:
+        """One line for a failed write (ENOSPC, EIO, a file that does not verify): what is kept, what to do."""
+        error = self.writer.failure
+        if error is None:  # another rank: rank 0's log has the reason
+            return RunError(f"rank 0 could not write a checkpoint (its log says why). {self.last_checkpoint()}")
+        reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0] or type(error).__name__
+        return RunError(
+            f"could not write the checkpoint of step {self.writer.failed_step} to {self.store.last} ({reason}); "
+            f"the run stopped. {self.last_checkpoint()} Free space or fix the disk, then run the same command "
+            "again to resume from it"
+        )
+
+    def settled_checkpoint(self) -> str:
+        """`last_checkpoint` once the write in flight, if any, has finished: what a stop message may promise. Built
+        only when a message needs it (it stats last.pt)."""
+        if self.store.enabled and self.writer.busy:
+            self.writer.wait()
+        return self.last_checkpoint()
+
+    def last_checkpoint(self) -> str:
+        last = self.store.last
+        if not last.exists():
+            return "No checkpoint had been written yet."
+        known = f" (step {self.written_step})" if self.written_step is not None else ""
+        return f"The last good checkpoint is {last}{known}."
+
+    # ------------------------------------------------------------------ resume
+    def resume(self, replicas: int = 1) -> Progress:
+        """Load what `checkpoint.resume` points at (rank 0 chooses the file, every rank reads it), else start fresh:
+        the loop's Progress (`replicas`: the ranks the training order is sharded over)."""
+        self.progress = Progress(replicas=replicas)
+        if self.settings.mode != Mode.train:
+            return self.progress
+        found, problem = None, None
+        if self.info.is_main:
+            try:
+                found = locate(self.settings.checkpoint.resume, self.store)
+            except (ConfigError, RunError) as error:
+                problem = error
+        chosen = dist.broadcast_plain(
+            ("error", str(problem)) if problem else str(found[0]) if found else None, self.info
+        )
+        if isinstance(chosen, list):  # every rank stops with rank 0's message, none waits for the others
+            raise problem if problem else RunError(chosen[1])
+        if chosen is None:
+            return self.progress
+        payload = found[1] if self.info.is_main else load_checkpoint(Path(chosen))
+        self._restore(payload, chosen, replicas)
+        if Path(chosen) == self.store.last:
+            self.written_step = self.progress.step
+        return self.progress
+
+    def _restore(self, payload: dict[str, Any], chosen: str, replicas: int) -> None:
+        try:
+            self.model.load_state_dict(payload["model"])
+            self.step_state.load_state_dict(payload)
+        except (RuntimeError, ValueError, KeyError) as error:  # another model, optimizer or number of classes
+            raise RunError(
+                f"the checkpoint {chosen} does not fit this run's model or optimizer ({first_line(error)}): resume "
+                "with the settings it was trained with, or pass checkpoint.resume=none (or a new hydra.run.dir) to "
+                "start over"
+            ) from None
+        try:  # a file that passed load()'s checks but not written by this format (edited, or from elsewhere)
+            restore_rng(payload["rng"])
+            if self.order is not None:
+                self.order.load_state_dict(payload.get("data_order"))
+            self.progress, counts = progress_from(payload, replicas)
+            saved_batch = int(payload["global_batch"])
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as error:
+            what = f"no {error}" if isinstance(error, KeyError) else first_line(error)
+            raise RunError(
+                f"the checkpoint {chosen} is not one imgtrain can resume ({what}): pass checkpoint.resume=none (or a "
+                "new hydra.run.dir) to start over, or checkpoint.resume=<another checkpoint>"
+            ) from None
+        self.faults.restore(counts)
+        global_batch = self.settings.data.batch_size * self.info.world_size
+        if saved_batch != global_batch:
+            log.warning(
+                "the checkpoint was trained with a global batch of %d, this run uses %d: the epoch resumes at the "
+                "same sample, and the step count and LR schedule follow the new setting",
+                *(saved_batch, global_batch),
+            )
+        log.info(
+            "resuming from %s: step %d, epoch %d, %d samples into the epoch",
+            *(chosen, self.progress.step, self.progress.epoch + 1, self.progress.samples_in_epoch),
+        )

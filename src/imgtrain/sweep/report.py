@@ -1,0 +1,338 @@
+"""The sweep report: a Hydra Callback that ends a multirun with a table, a plot and the fastest setting.
+
+It reads what each job left in its directory (`.hydra/overrides.yaml`, `metrics.json`, `failed.json` or
+`stopped.json`), so it
+works the same with the basic launcher and with submitit, and a failed job becomes a row, not a lost sweep.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import statistics
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from imgtrain.host.dist import global_rank
+from imgtrain.metrics.spread import Rate, indistinguishable
+from imgtrain.resilience.errors import EXIT_BAD_INPUT, RunEnded
+from imgtrain.sweep.plot import STAGES, describe, plot
+from imgtrain.sweep.rank import MIN_GAIN, REPEAT_KEY, decision, drift, rank, setting_of, spread_of
+
+log = logging.getLogger(__name__)
+
+METRIC_COLUMNS = (
+    "images_per_sec",
+    "images_per_sec_median",
+    "images_per_sec_p25",
+    "images_per_sec_p75",
+    "data_wait_frac",
+    "gpu_util_mean",
+    "cpu_pct_mean",
+    "rss_peak_gb",
+    "val_acc",
+)
+# From `pss_peak_gb`, `pipeline` and `tune` in metrics.json (newer runs only): a column empty in every row is left out.
+OPTIONAL_COLUMNS = (
+    "pss_peak_gb",
+    "input_stage",
+    "worker_busy_frac",
+    *(f"{stage}_ms" for stage in STAGES),  # ms per image (worker stages: CPU time summed over workers)
+    "tune_chosen",
+    "epoch_start_cost_frac",  # the epoch-start stall as a share of an epoch (metrics/epoch_start.py)
+)
+# The median window rate, its 95% interval, and where the job stands: fastest, slower, tied, recommended, not ranked.
+SPREAD_COLUMNS = ("interval_low", "interval_high", "standing")
+# The `environment` keys that make two jobs' figures not comparable when they differ.
+MACHINE_KEYS = ("hostname", "gpu_name", "torch", "cpus_available")
+
+
+def _overrides(job_dir: Path) -> dict[str, str]:
+    path = job_dir / ".hydra" / "overrides.yaml"
+    entries = yaml.safe_load(path.read_text()) if path.exists() else []
+    return dict(entry.split("=", 1) for entry in entries or [] if "=" in entry and not entry.startswith("hydra"))
+
+
+def _quartiles(values: list[float]) -> tuple[float | None, float | None]:
+    if len(values) < 2:
+        return (values[0], values[0]) if values else (None, None)
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _optional(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The optional columns' values (None when missing) and the dicts the plot and the environment lines read."""
+    pipeline, tune = _dict(metrics.get("pipeline")), _dict(metrics.get("tune"))
+    stages = _dict(pipeline.get("stage_ms_per_image"))
+    values = {
+        "pss_peak_gb": metrics.get("pss_peak_gb"),
+        "input_stage": pipeline.get("input_stage"),
+        "worker_busy_frac": pipeline.get("worker_busy_frac"),
+        "tune_chosen": tune.get("chosen"),
+        "epoch_start_cost_frac": metrics.get("epoch_start_cost_frac"),
+        **{f"{stage}_ms": stages.get(stage) for stage in STAGES},
+    }
+    return {**values, "pipeline": pipeline, "tune": tune, "environment": _dict(metrics.get("environment"))}
+
+
+BATCH_KEY = "data.batch_size"  # part of the training recipe: a sweep over it says so (recipe_note)
+STOPPED = "stopped.json"  # a job a stop signal ended (its checkpoint saved): it ends the sweep too
+
+
+def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the JSON object in `path`, None), or (None, why it cannot be read): one damaged job file marks its row,
+    it does not end the whole report."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return None, f"{path.name} cannot be read ({str(error).splitlines()[0]})"
+    return (value, None) if isinstance(value, dict) else (None, f"{path.name} does not hold a JSON object")
+
+
+def read_job(job_dir: Path) -> dict[str, Any]:
+    """One row: the job's overrides, its status, and its figures (empty when it failed)."""
+    row: dict[str, Any] = {"job": job_dir.name, "overrides": _overrides(job_dir)}
+    metrics_path, failed_path, stopped_path = job_dir / "metrics.json", job_dir / "failed.json", job_dir / STOPPED
+    metrics, problem = _read_json(metrics_path) if metrics_path.exists() else (None, None)
+    if metrics is not None:
+        row["status"], row["reason"] = "ok", metrics.get("images_per_sec_note") or ""  # why a figure is missing
+        row.update({key: metrics.get(key) for key in METRIC_COLUMNS})
+        row["images_per_sec_p25"], row["images_per_sec_p75"] = _quartiles(metrics.get("images_per_sec_windows") or [])
+        row.update(spread_of(metrics))
+        row["verdict"] = metrics.get("verdict", "")
+        row["mode"] = metrics.get("mode", "train")
+        row.update(_optional(metrics))
+    else:
+        reason, status = problem or "no metrics.json: the job was killed or crashed before it finished", "failed"
+        for path, meaning in ((failed_path, "failed"), (stopped_path, "stopped")):
+            if path.exists():
+                record, unreadable = _read_json(path)
+                reason, status = (record or {}).get("error", unreadable or reason), meaning
+        row["status"], row["reason"], row["verdict"], row["mode"] = status, reason, "", ""
+        row.update({key: None for key in METRIC_COLUMNS})
+        row.update(_optional({}))
+        row.update(spread_of({}))
+    return row
+
+
+def collect(sweep_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every job's row (in job order) and the keys whose values differ between jobs (the swept keys)."""
+    jobs = sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    rows = [read_job(job) for job in jobs]
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row["overrides"] if k not in keys]
+    swept = [k for k in keys if len({row["overrides"].get(k) for row in rows}) > 1] or keys
+    return rows, swept
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def table(rows: list[dict[str, Any]], swept: list[str]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells shared by the CSV and the markdown table (`ran_on` only when the machines differ)."""
+    optional = [k for k in OPTIONAL_COLUMNS if any(row.get(k) is not None for row in rows)]
+    machine = ["ran_on"] if machine_differences(rows) else []
+    header = ["job", *swept, *machine, "status", *METRIC_COLUMNS, *SPREAD_COLUMNS, *optional, "verdict"]
+    header += ["confidence", "reason"]
+    cells = [
+        [row["job"], *[row["overrides"].get(k, "") for k in swept]]
+        + [_machine(row) for _ in machine]
+        + [row["status"], *[_cell(row.get(k)) for k in (*METRIC_COLUMNS, *SPREAD_COLUMNS, *optional)]]
+        + [row.get("verdict", ""), row.get("confidence", ""), row["reason"]]
+        for row in rows
+    ]
+    return header, cells
+
+
+def ran_on(environment: dict[str, Any]) -> str:
+    """The machine and versions a job ran on, in words (every key optional)."""
+    env = {k: v for k, v in environment.items() if v not in (None, "")}
+    parts = [
+        f"host {env['hostname']}" if "hostname" in env else "",
+        str(env.get("gpu_name", "")),
+        f"CUDA {env['cuda']}" if "cuda" in env else "",
+        f"driver {env['driver']}" if "driver" in env else "",
+        f"torch {env['torch']}" if "torch" in env else "",
+        f"torchvision {env['torchvision']}" if "torchvision" in env else "",
+        f"{env['cpus_available']} CPUs available" if "cpus_available" in env else "",
+    ]
+    return ", ".join(part for part in parts if part)
+
+
+def machine_differences(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The machine keys whose values differ between the finished jobs that recorded an environment."""
+    envs = [row["environment"] for row in rows if row["status"] == "ok" and row.get("environment")]
+    differences = {}
+    for key in MACHINE_KEYS:
+        values = list(dict.fromkeys(str(env.get(key)) for env in envs))
+        if len(values) > 1:
+            differences[key] = values
+    return differences
+
+
+def _machine(row: dict[str, Any]) -> str:
+    env = row.get("environment") or {}
+    return " ".join(f"{key}={env[key]}" for key in MACHINE_KEYS if env.get(key) is not None)
+
+
+def machine_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The line "Ran on: ..." (the first finished job's environment) and a warning when the machines differ."""
+    first = next((row["environment"] for row in rows if row["status"] == "ok" and row.get("environment")), None)
+    lines = [f"Ran on: {ran_on(first)}"] if first and ran_on(first) else []
+    differences = machine_differences(rows)
+    if differences:
+        what = "; ".join(f"{key}: {', '.join(values)}" for key, values in differences.items())
+        lines.append(f"Warning: the jobs ran on different machines ({what}): the comparison is not like for like.")
+    return lines
+
+
+def write_reports(sweep_dir: Path, rows: list[dict[str, Any]], swept: list[str], best: dict | None) -> None:
+    """sweep_summary.csv, sweep_summary.md and sweep_summary.png in the sweep directory."""
+    header, cells = table(rows, swept)
+    with open(sweep_dir / "sweep_summary.csv", "w", newline="") as f:
+        csv.writer(f).writerows([header, *cells])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in cells]
+    if ceilings(rows):
+        lines += ["", ceilings(rows)]
+    lines += ["", decision(rows, _settings(swept), best), drift(rows)]
+    lines += [note for note in (recipe_note(rows, best),) if note]
+    if best is not None:
+        lines += [f"Reproduce: `{reproduce_command(best)}`"]
+    if machine_lines(rows):
+        lines += ["", *machine_lines(rows)]
+    (sweep_dir / "sweep_summary.md").write_text("\n".join(lines) + "\n")
+    # one point per setting: a repeated setting's first job carries the figures of all its runs (sweep/rank.py)
+    firsts = list({setting_of(row): row for row in reversed(rows)}.values())[::-1]
+    plot(sweep_dir / "sweep_summary.png", firsts, _settings(swept), best)
+
+
+def _settings(swept: list[str]) -> list[str]:
+    """The swept keys that make a setting (the repeat index does not)."""
+    return [key for key in swept if key != REPEAT_KEY] or swept
+
+
+def recipe_note(rows: list[dict[str, Any]], best: dict | None) -> str:
+    """When the jobs differ in data.batch_size, the recommendation changes the training recipe, not only the
+    loader: say so, and what to scale (hparams_search=loader_and_batch, or a batch size swept by hand)."""
+    sizes = sorted({int(row["overrides"][BATCH_KEY]) for row in rows if BATCH_KEY in row["overrides"]})
+    if best is None or len(sizes) < 2 or BATCH_KEY not in best["overrides"]:
+        return ""
+    chosen = int(best["overrides"][BATCH_KEY])
+    others = ", ".join(str(size) for size in sizes if size != chosen)
+    return (
+        f"Note: the recommended setting trains with {BATCH_KEY}={chosen} (others: {others}). That changes the "
+        f"training recipe, not only the loader: a recipe tuned at batch size B needs optim.lr x {chosen}/B (the "
+        "linear scaling rule), BatchNorm sees other batch statistics, and images/s alone does not show whether "
+        f"it converges as well: check val_acc before adopting it, or keep {BATCH_KEY} fixed "
+        "(hparams_search=loader does)."
+    )
+
+
+def reproduce_command(row: dict[str, Any]) -> str:
+    """A single-run command with the job's settings (a search's own config group left out)."""
+    kept = (f"{k}={v}" for k, v in row["overrides"].items() if k not in ("hparams_search", REPEAT_KEY))
+    return " ".join(["python train.py", *kept])
+
+
+def ceilings(rows: list[dict[str, Any]]) -> str:
+    """With mode=loader and mode=compute jobs in the sweep: which ceiling bounds training, in one line; each
+    figure is the fastest job's median window, told apart from another only when their 95% intervals are apart."""
+    fastest: dict[str, Rate] = {}
+    for row in rows:
+        if row["status"] == "ok" and row.get("rate_median"):
+            interval = (row["interval_low"], row["interval_high"]) if row["interval_low"] is not None else None
+            candidate = Rate(row["rate_median"], interval, len(row["windows_all_ranks"]))
+            if row["mode"] not in fastest or candidate.median > fastest[row["mode"]].median:
+                fastest[row["mode"]] = candidate
+    if "loader" not in fastest or "compute" not in fastest:
+        return ""
+    loader, compute = fastest["loader"], fastest["compute"]
+    bound = "input-bound: the input pipeline" if loader.median < compute.median else "compute-bound: the model"
+    bound = "the two are indistinguishable" if indistinguishable(loader, compute) else f"{bound} is the limit"
+    line = f"Ceilings: input pipeline {loader.text()}, compute {compute.text()} -> {bound}"
+    if "train" in fastest:
+        train, limit = fastest["train"], min(loader, compute, key=lambda rate: rate.median)
+        if train.median >= limit.median or indistinguishable(train, limit):
+            line += f"; training reached {train.median:.1f} images/s, indistinguishable from the lower ceiling"
+        else:
+            line += f"; training reached {train.median:.1f} images/s ({train.median / limit.median:.0%} of the lower)"
+    return line
+
+
+def print_summary(rows: list[dict[str, Any]], swept: list[str], best: dict | None, sweep_dir: Path) -> None:
+    """The console end of a sweep: one line per job, then the fastest setting and how to reproduce it."""
+    print(f"\nSweep report ({len(rows)} jobs) in {sweep_dir}")
+    for row in rows:
+        if row["status"] == "ok" and row["images_per_sec"] is None:
+            figures = f"      n/a img/s  {row['reason'] or 'not measured'}"
+        elif row["status"] == "ok":
+            rate, wait = row["images_per_sec"], row["data_wait_frac"] or 0.0
+            low, high = row.get("interval_low"), row.get("interval_high")
+            median = f"median window {row['rate_median']:.1f} ({low:.1f}-{high:.1f})" if low is not None else ""
+            figures = f"{rate:9.1f} img/s  {median:<34} data wait {wait:6.1%}"
+        else:
+            figures = f"FAILED: {row['reason']}"
+        print(f"  job {row['job']:>3}  {describe(row, swept):<40} {figures}  {row.get('confidence', '')}")
+    if ceilings(rows):
+        print(ceilings(rows))
+    for line in machine_lines(rows)[1:]:  # the warning only: the console is short
+        print(line)
+    print(decision(rows, _settings(swept), best))
+    print(drift(rows))
+    if recipe_note(rows, best):
+        print(recipe_note(rows, best))
+    if best is None:
+        print()
+        return
+    if best.get("verdict"):
+        print(f"  {best['verdict']}")
+    print(f"Reproduce it: {reproduce_command(best)}\n", flush=True)
+
+
+def build_report(sweep_dir: Path, min_gain: float = MIN_GAIN) -> dict[str, Any] | None:
+    """Collect, rank, write and print; returns the recommended row (None when no job finished)."""
+    rows, swept = collect(sweep_dir)
+    if not rows:
+        return None
+    best = rank(rows, min_gain)
+    write_reports(sweep_dir, rows, swept, best)
+    print_summary(rows, swept, best, sweep_dir)
+    return best
+
+
+class SweepReport(Callback):
+    """Hydra callback: after the last job of a multirun, write and print the sweep report. `min_gain`: without
+    repeats, the smallest speed-up (a ratio of medians minus 1) the report calls a difference (sweep/rank.py)."""
+
+    def __init__(self, min_gain: float = MIN_GAIN) -> None:
+        if not 0 <= min_gain < 1:
+            raise RunEnded(
+                EXIT_BAD_INPUT,
+                f"error: hydra.callbacks.sweep_report.min_gain={min_gain}: expected a fraction in [0, 1), "
+                f"for example {MIN_GAIN} (a {MIN_GAIN:.0%} speed-up)",
+            )
+        self.min_gain = min_gain
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if global_rank() != 0:  # inside torchrun every rank runs the sweep; one report is enough
+            return
+        try:
+            build_report(Path(config.hydra.sweep.dir), self.min_gain)
+        except Exception as error:  # the jobs' own results are on disk whatever happens here
+            log.error("could not build the sweep report: %s", error)

@@ -1,0 +1,235 @@
+"""The training loop. `train_one_epoch` is the whole step: data, forward, loss, backward, update, one call each
+to the metrics and the checkpointer, then the termination conditions. `fit` runs the epochs and validation, and
+ends the run on a stop; `EpochBatches` is the batch iterator that times the wait for each batch and hands
+unreadable files to the fault handler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from imgtrain.config.schema import DataConfig, Mode
+from imgtrain.data.failures import (
+    LoaderFailed,
+    first_batches,
+    next_batch,
+    worker_deaths_found_at_next_batch,
+    workers_stopped_on_error,
+)
+from imgtrain.data.feed import Feed
+from imgtrain.data.pipeline import RunData
+from imgtrain.data.stages import transfer_seconds
+from imgtrain.host import dist
+from imgtrain.metrics import Metrics
+from imgtrain.metrics.profiling import Profiler, no_range
+from imgtrain.resilience.checkpoint import Checkpointer, Progress
+from imgtrain.resilience.faults import Faults, Stop
+from imgtrain.train.model import evaluation_module, uncompiled
+from imgtrain.train.step import Step
+
+log = logging.getLogger(__name__)
+
+
+def train_one_epoch(
+    model: nn.Module,
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    step: Step,
+    faults: Faults,
+    metrics: Metrics,
+    checkpointer: Checkpointer,
+    progress: Progress,
+    profiler: Profiler,
+) -> Stop | None:
+    """One pass over `batches` (images and labels already on the device), or until a stop: the stop, if any.
+    No GPU sync here: the metrics read the loss back every `metrics.log_every_n_steps` steps, where the ranks
+    agree on what stops the run. The `profiler.range`s label the trace of metrics.profile=true; otherwise they
+    do nothing."""
+    model.train()
+    for images, labels in batches:
+        logits, loss = step.forward(model, images, labels, mark=profiler.range)  # autocast, cross-entropy
+        if faults.allows_update(loss, progress.step + 1):  # False only with nonfinite=skip and a NaN/inf loss
+            step.update(loss, mark=profiler.range)  # backward, optimizer (via the fp16 scaler), LR schedule
+        progress.advance(labels.shape[0])
+        metrics.step(progress.step, loss, logits, labels)  # a logging step: one sync, one exchange across ranks
+        checkpointer.step()  # last.pt every checkpoint.every_n_steps steps or checkpoint.every_min minutes
+        profiler.step()  # metrics.profile=true: the trace is written after its last step
+        # termination conditions, agreed by every rank at the last logging window (one process: a signal at once)
+        stop = faults.stop()  # a stop signal, a NaN/inf loss, the bad-data budget, a failed checkpoint write
+        if stop:
+            return stop
+    return None
+
+
+class EpochBatches:
+    """One epoch of a loader's batches on the device, at most `limit` of them (a context manager).
+
+    The time `next()` blocks is the data wait; it goes to `on_batch` with the part of it after the batch was
+    finished (transfer) and the batch's stage times. The unreadable files each batch replaced go to
+    `on_unreadable`, and their number is kept in `unreadable`. DataLoader failures become one line. `mark`
+    labels the data wait and the copy to the device in a profiler trace (`Profiler.range`).
+    """
+
+    def __init__(
+        self,
+        loader: Any,
+        feed: Feed,
+        data: DataConfig,
+        limit: float,
+        *,
+        on_unreadable: Callable[[tuple[tuple[str, str], ...]], None],
+        on_batch: Callable[[float, float, tuple], None] | None = None,
+        split: str = "train",
+        mark: Callable[[str], contextlib.AbstractContextManager] = no_range,
+    ) -> None:
+        self.loader, self.feed, self.data, self.limit, self.split = loader, feed, data, limit, split
+        self.on_unreadable, self.on_batch = on_unreadable, on_batch or (lambda wait, transfer, times: None)
+        self.mark = mark
+        self.taken, self.unreadable = 0, 0
+        self.exhausted = False  # the loader ran out: the epoch ended
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> EpochBatches:
+        loader_batches = first_batches(self.loader, self.data)  # the workers start, or resume (persistent)
+        self._stack.enter_context(worker_deaths_found_at_next_batch())
+        # Entered last, so it leaves first: after an error the workers stop while SIGCHLD is still quiet, not
+        # under PyTorch's handler, which would raise a second error (a traceback) from inside their shutdown.
+        loader_batches = self._stack.enter_context(workers_stopped_on_error(loader_batches))
+        self.batches = self._stack.enter_context(self.feed.batches(loader_batches, self.split))
+        return self
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        return self._stack.__exit__(*exc)
+
+    @property
+    def completed(self) -> bool:
+        """Whether the whole epoch was taken (not cut short by train.max_steps)."""
+        return self.exhausted or self.taken >= len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while self.taken < self.limit:
+            started = time.perf_counter()
+            with self.mark("data_wait"):
+                batch = next_batch(self.batches, self.data)  # blocks while no batch is ready: the data wait
+            if batch is None:
+                self.exhausted = True
+                return
+            received = time.perf_counter()
+            self.on_batch(received - started, transfer_seconds(batch.times, started, received), batch.times)
+            self.taken += 1
+            self.unreadable += len(batch.skipped)
+            self.on_unreadable(batch.skipped)
+            if batch.labels.shape[0]:  # validation drops unreadable images: a batch of them all has none left
+                with self.mark("h2d"):  # the copy (unless prefetched), a device crop (data.augment_on), to float
+                    on_device = self.feed.to_model(batch)
+                yield on_device
+
+
+@dataclass
+class Components:
+    """What the loop calls besides the model, the data and the update, built once by `run`."""
+
+    faults: Faults
+    metrics: Metrics
+    checkpointer: Checkpointer
+    progress: Progress
+    profiler: Profiler
+
+
+@contextlib.contextmanager
+def saved_on_loader_failure(parts: Components) -> Iterator[None]:
+    """A DataLoader failure comes between steps, so one process saves the last completed step before the one line
+    ends the run. Under DDP the other ranks may already wait in a collective for this one: the last periodic
+    checkpoint stands, and torchrun stops them."""
+    try:
+        yield
+    except LoaderFailed as failure:
+        checkpointer = parts.checkpointer
+        where = checkpointer.save_and_wait() if parts.faults.alone else checkpointer.settled_checkpoint()
+        again = "Run the same command again to continue from it."
+        raise LoaderFailed(f"{failure}. {parts.metrics.memory_peaks()} {where} {again}") from None
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, data: RunData, step: Step, faults: Faults, last_checkpoint: Callable[[], str]
+) -> dict[str, float]:
+    """Top-1 accuracy and mean loss over the validation set, each sample counted once across ranks."""
+    # no collective per batch (the ranks may have different numbers of batches); uncompiled with CUDA graphs
+    model = evaluation_module(model, step.cuda_graphs)
+    model.eval()
+    # Compiled, the model compiles once more for inference; a batch of another size (the last, or one with
+    # unreadable images left out) would compile it yet again, for seconds (minutes with max_autotune): eager.
+    full, eager = data.loader_args["val"]["batch_size"], uncompiled(model)
+    totals = torch.zeros(3, device=data.feed.device, dtype=torch.float64)  # loss sum, correct, count
+    batches = EpochBatches(
+        data.val, data.feed, data.settings, float("inf"), on_unreadable=faults.bad.report, split="val"
+    )
+    with batches:
+        for images, labels in batches:
+            with step.autocast():
+                logits = (model if labels.shape[0] == full else eager)(images)
+            totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")
+            totals[1] += (logits.argmax(dim=1) == labels).sum()
+            totals[2] += labels.shape[0]
+    loss_sum, correct, count, unreadable = dist.all_reduce_sum([*totals.tolist(), batches.unreadable], totals.device)
+    if unreadable:
+        faults.count_unreadable(int(unreadable), last_checkpoint)
+    return {"val_loss": loss_sum / max(count, 1), "val_acc": correct / max(count, 1), "val_count": int(count)}
+
+
+def fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mode, epochs: int) -> None:
+    """Train from `parts.progress` to `parts.checkpointer.total_steps`; in mode=train, validate and save at
+    every epoch end."""
+    progress = parts.progress
+    for epoch in range(progress.epoch, epochs):
+        progress.begin_epoch(epoch)
+        data.start_epoch(epoch, progress.samples_in_epoch)
+        parts.metrics.begin_epoch(epoch, len(data.train))
+        limit = parts.checkpointer.total_steps - progress.step
+        batches = EpochBatches(
+            data.train,
+            data.feed,
+            data.settings,
+            limit,
+            on_unreadable=parts.faults.unreadable,
+            on_batch=parts.metrics.add_batch,
+            mark=parts.profiler.range,
+        )
+        with saved_on_loader_failure(parts), batches:  # e.g. a worker the OOM killer ended: one line, saved
+            stop = train_one_epoch(
+                model, batches, step, parts.faults, parts.metrics, parts.checkpointer, progress, parts.profiler
+            )
+        if stop is None:  # a stopped epoch leaves its partial window unlogged: the resumed run logs it whole
+            parts.metrics.end_epoch(progress.step)  # the epoch's last, partial window: it may agree on a stop too
+            stop = parts.faults.stop()
+        if stop:
+            raise parts.checkpointer.stopped(stop)  # saved unless a NaN reached the weights; one line, exit code
+        if mode == Mode.train:
+            _end_epoch(model, data, step, parts, epochs=epochs, completed=batches.completed)
+        elif batches.completed:
+            progress.end_epoch()
+
+
+def _end_epoch(model: nn.Module, data: RunData, step: Step, parts: Components, *, epochs: int, completed: bool):
+    """Validate, log, and save (always at the end of the run; best.pt when accuracy improved). An epoch cut
+    short by train.max_steps keeps its position, so a longer run continues from there."""
+    progress = parts.progress
+    improved = progress.validated(evaluate(model, data, step, parts.faults, parts.checkpointer.settled_checkpoint))
+    val = {"val/loss": progress.val["val_loss"], "val/acc": progress.val["val_acc"]}
+    parts.metrics.log({**val, "data/skipped_samples": parts.faults.counts.skipped_samples}, progress.step)
+    log.info(
+        "epoch %d/%d: val_loss %.4f  val_acc %.4f",
+        *(progress.epoch + 1, epochs, progress.val["val_loss"], progress.val["val_acc"]),
+    )
+    if completed:
+        progress.end_epoch()
+    parts.checkpointer.end_epoch(improved, last=progress.step >= parts.checkpointer.total_steps)

@@ -1,0 +1,235 @@
+"""`run(cfg)`: validate the config once, build the run's parts, train (`loop.fit`), report."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from imgtrain.config.schema import TUNE, Config, Mode, validate
+from imgtrain.data import streamed
+from imgtrain.data.pipeline import RunData, build_data, save_loader_args, use_tuned_workers
+from imgtrain.host import dist
+from imgtrain.metrics import Metrics, tune
+from imgtrain.metrics.pipeline import PipelineMeter
+from imgtrain.metrics.preflight import preflight
+from imgtrain.metrics.probe import ModelProbe
+from imgtrain.metrics.profiling import Profiler
+from imgtrain.metrics.spread import MIN_WINDOWS, Rate
+from imgtrain.resilience import rundir
+from imgtrain.resilience.atomic import write_json
+from imgtrain.resilience.checkpoint import Checkpointer
+from imgtrain.resilience.faults import Faults, Preempted
+from imgtrain.sweep.report import STOPPED, build_report
+from imgtrain.train.cli import one_line
+from imgtrain.train.loop import Components, fit
+from imgtrain.train.model import memory_format_for, prepare_model, resolve_precision
+from imgtrain.train.step import build_step
+
+log = logging.getLogger(__name__)
+
+
+class NotMeasured(str):
+    """A job's objective when it has no figure (a failed job, or one too short to measure): the reason.
+
+    Not NaN: hydra-optuna-sweeper hands a NaN to Optuna, which rejects it, then tells the same trial again as failed
+    and that raises, ending the whole search. A value that is not float-castable is recorded as a failed trial,
+    with this text in the sweeper's warning, and the search goes on (conf/hparams_search sets max_failure_rate
+    so that such trials are no error). The basic sweeper ignores the value; the sweep report lists the job with
+    its reason either way."""
+
+
+def run(cfg: DictConfig) -> float | NotMeasured:
+    """Train as `cfg` says and return the metric named by `optimized_metric` (what a sweep optimises), or why
+    there is none (NotMeasured).
+
+    A job that fails leaves `failed.json` (with the reason) in its run directory, so nothing there looks like a
+    finished run. In a multirun it then returns NotMeasured, so the sweep goes on and its report shows the failure
+    as a row; a single run raises as usual. A stop signal (`faults.Preempted`) ends a sweep too.
+    """
+    try:
+        settings = validate(cfg)  # every value is checked before any data is touched
+        summary = _run(settings)
+    except Preempted as stop:
+        _end_sweep(stop)
+        raise
+    except Exception as error:
+        message = one_line(error) if isinstance(error, HydraException) else f"{type(error).__name__}: {error}"
+        if dist.global_rank() == 0 and HydraConfig.initialized():
+            write_json(Path(HydraConfig.get().runtime.output_dir) / "failed.json", {"error": message})
+        if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN):
+            raise
+        log.error("job failed: %s", message)
+        return NotMeasured(f"the job failed: {message}")
+    metric = str(settings.optimized_metric)
+    value = summary.get(metric)
+    if value is None or not math.isfinite(float(value)):
+        why = summary.get(f"{metric}_note") or f"the run gives {metric}={value} (mode={settings.mode})"
+        why = why.removeprefix("not measured: ")
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:  # a sweep's objective
+            log.warning("%s not measured: %s", metric, why)
+        return NotMeasured(f"{metric} not measured: {why}")
+    return float(value)
+
+
+def _end_sweep(stop: Preempted) -> None:
+    """In a multirun a stop signal ends the sweep: the stopped job says so (`stopped.json`, beside its checkpoint)
+    and the jobs that finished get their report now, as Hydra's on_multirun_end would have written it."""
+    if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN) or dist.global_rank() != 0:
+        return
+    write_json(Path(HydraConfig.get().runtime.output_dir) / STOPPED, {"error": stop.line})
+    log.warning("the sweep ends here: the report covers the jobs before this one")
+    build_report(Path(HydraConfig.get().sweep.dir))
+
+
+def _run(settings: Config) -> dict:
+    info = dist.dist_info_from_env()
+    device = dist.resolve_device(settings.system.device, info)
+    precision = resolve_precision(settings.system.precision, device)
+    if not info.is_main:
+        logging.getLogger().setLevel(logging.WARNING)  # other ranks print warnings and errors only
+    dist.setup(info, device, settings.faults.dist_timeout_s)
+    try:
+        return _train(settings, info, device, precision)
+    except RuntimeError as error:
+        lost = dist.lost_peer(error, info)  # another rank failed first: one line here, its own reason there
+        if lost is None:
+            raise
+        raise lost from error
+    finally:
+        dist.teardown()
+        if settings.system.compile:
+            torch._dynamo.reset()  # the next job of a sweep compiles its own model, not this one's cached graphs
+        streamed.close_all()  # dataset=shards: LitData's workers, before the collector could lose their shutdown
+        gc.collect()  # shut down DataLoader workers and free memory before the next job of a sweep
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed every generator; cuDNN autotunes its convolutions unless the run must be reproducible."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # same on every rank: identical initial weights (DDP also broadcasts them)
+    if deterministic:  # cuBLAS is reproducible only with a fixed workspace (read when its handle is made)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    # benchmark: cuDNN times a few algorithms per input shape once, then keeps the fastest. The choice can
+    # differ between runs, so a deterministic run keeps it off.
+    torch.backends.cudnn.benchmark = not deterministic
+
+
+def _train(settings: Config, info: dist.DistInfo, device: torch.device, precision: str) -> dict:
+    started = time.perf_counter()
+    out_dir = Path(dist.broadcast_plain(settings.output_dir, info))  # rank 0's run directory, on every rank
+    with rundir.hold(out_dir, info):  # one writer per run directory: another run there stops here, with one line
+        return _train_locked(settings, info, device, precision, out_dir, started)
+
+
+def _train_locked(
+    settings: Config, info: dist.DistInfo, device: torch.device, precision: str, out_dir: Path, started: float
+) -> dict:
+    seed_everything(settings.train.seed, settings.system.deterministic)
+    memory_format = memory_format_for(settings.system.channels_last, device)
+    data = build_data(settings, info, device, memory_format, out_dir)
+    steps_per_epoch = len(data.train)
+    total_steps = min(settings.train.epochs * steps_per_epoch, settings.train.max_steps or math.inf)
+    epochs = math.ceil(total_steps / steps_per_epoch)
+    model, base = prepare_model(settings, data.bundle.num_classes, device, memory_format, info)
+    # the model's own images/s in `seconds`: a copy of it, compiled as the run's, on a batch already on the device
+    model_rate = ModelProbe(base, data.bundle.num_classes, settings, device, precision, memory_format)
+    if settings.data.num_workers == TUNE:
+        _tune_workers(settings, data, info, device, model_rate, out_dir)
+        model_rate.release()  # its copy, optimizer state and CUDA graphs: training needs the memory
+    environment = preflight(settings, info, device, data)  # warns of limits the loaders will likely hit
+    step = build_step(settings, base, device, precision, (steps_per_epoch, total_steps))
+    log.info(
+        "device %s, precision %s, world size %d, %d epoch(s) x %d steps (%d steps in all)",
+        *(device, precision, info.world_size, epochs, steps_per_epoch, total_steps),
+    )
+    faults = Faults(settings.faults.nonfinite, settings.data.max_bad_samples, device, alone=not info.enabled)
+    faults.left_out(data.left_out)
+    checkpointer = Checkpointer(settings, out_dir, info, faults)
+    faults.signals.last_checkpoint = checkpointer.last_checkpoint  # what a second Ctrl-C names as it exits
+    checkpointer.attach(base, step, total_steps, order=data.order)
+    progress = checkpointer.resume(replicas=data.replicas)  # the loop's position: only the loop writes it
+    finished = out_dir / "metrics.json"
+    if progress.step >= total_steps and finished.exists():
+        log.info("this run already finished at step %d: %s is kept as it is", progress.step, finished)
+        return json.loads(finished.read_text())
+    pipeline = PipelineMeter(data.loader_args["train"]["num_workers"], data.feed.copy_timer, data.feed.decode_timer)
+    agreeing = {"also_agreeing": [checkpointer], "pipeline": pipeline, "environment": environment}
+    profiler = Profiler(settings.metrics, device, info, out_dir, steps_left=total_steps - progress.step)
+    metrics = Metrics(settings, device, info, out_dir, faults, **agreeing, profiled_steps=profiler.profiled_steps)
+    parts = Components(faults, metrics, checkpointer, progress, profiler)
+    lr = lambda: step.scheduler.get_last_lr()[0]  # noqa: E731
+    running = metrics.running(progress.step, total_steps, lr=lr)
+    with contextlib.closing(data), faults, checkpointer.writing(), running, profiler:  # closing: workers stop now
+        fit(model, data, step, parts, settings.mode, epochs)
+    own_rate = _own_rate(settings, data, metrics, device, model_rate)
+    wall_time_s = time.perf_counter() - started
+    summary = metrics.summary(
+        progress,
+        precision,
+        data.loader_args,
+        wall_time_s,
+        compute=own_rate,
+        profile_trace=profiler.trace,
+    )
+    metrics.finish(summary, finished)
+    return summary
+
+
+def _tune_workers(
+    settings: Config,
+    data: RunData,
+    info: dist.DistInfo,
+    device: torch.device,
+    model_rate: ModelProbe,
+    out_dir: Path,
+) -> None:
+    """data.num_workers=tune: probe, then train with the chosen count; auto's count where there is no loader."""
+    if settings.mode != Mode.train or settings.data.device_resident:
+        why = f"mode={settings.mode}" if settings.mode != Mode.train else "data.device_resident=true"
+        log.info("data.num_workers=tune: nothing to probe with %s; keeping auto's count", why)
+        return
+    model_rate.ready()  # compiled and warmed up before the tuning clock starts
+    try:
+        tuned = tune.tune_workers(data.bundle.train, settings, data.feed, info, model_rate)
+    except (RuntimeError, OSError) as error:  # a probe's workers failed: training would say why, with its count
+        log.warning("data.num_workers=tune: the probe failed (%s); keeping auto's count", one_line(error))
+        return
+    use_tuned_workers(data, settings, info, device, tuned)
+    save_loader_args(data, info, out_dir)
+
+
+def _own_rate(
+    settings: Config, data: RunData, metrics: Metrics, device: torch.device, model_rate: ModelProbe
+) -> Rate | None:
+    """The model's own images/s, for telling CPU contention from compute-bound: the tune probe's, or timed now
+    (with the workers idle) when metrics.compute_probe says so."""
+    tuned = data.loader_args.get("tune")
+    if tuned:
+        return Rate.read(tuned, "compute_images_per_sec", samples=tuned["rounds"])
+    wait_frac, busy_cores = metrics.local_input_load()
+    workers = data.loader_args["train"]["num_workers"]
+    probe = settings.metrics.compute_probe
+    if settings.mode != Mode.train or not tune.contention_plausible(probe, wait_frac, busy_cores, workers, device):
+        return None
+    rate = model_rate(tune.CONTENTION_PROBE_S, MIN_WINDOWS)  # steps enough for an interval
+    model_rate.release()
+    log.info("the model alone (a copy, on a batch already on %s): %s", device, rate.text(of="steps"))
+    return rate
