@@ -142,6 +142,11 @@ class ModelConfig:
     cifar_stem: bool = False  # 3x3 stride-1 stem and no max-pool, for 32-px images
     zero_init_residual: bool = False
 
+    @property
+    def name(self) -> str:
+        """What the log and metrics.json call the model: the ResNet's arch, or the builder a fork's entry names."""
+        return str(self.arch) if self._target_.endswith(".build_model") else self._target_.rsplit(".", 1)[-1]
+
 
 @dataclass
 class SGDConfig:

@@ -300,7 +300,7 @@ class Metrics:
             "precision": precision,
             "dataset": settings.dataset.name,
             "dataset_root": getattr(settings.dataset, "root", None),
-            "model": settings.model.arch,
+            "model": settings.model.name,
             "torch_version": torch.__version__,
             "torchvision_version": torchvision.__version__,
             "cpu_count": available_cpus(),

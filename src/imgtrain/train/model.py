@@ -89,7 +89,7 @@ def prepare_model(
     else:
         model = instantiate(settings.model, num_classes=num_classes)
     model = model.to(device, memory_format=memory_format)
-    log.info("model: %s, %.1fM parameters, %s", settings.model.arch, count_parameters(model) / 1e6, memory_format)
+    log.info("model: %s, %.1fM parameters, %s", settings.model.name, count_parameters(model) / 1e6, memory_format)
     base = model
     if info.enabled:
         # broadcast_buffers (DDP's default): every forward first broadcasts rank 0's BatchNorm statistics, one
