@@ -14,6 +14,7 @@ import torch
 from helpers import compose_cfg
 
 from imgtrain.config.schema import DataConfig, validate
+from imgtrain.data import decoders
 from imgtrain.data.loader import plan_loader
 from imgtrain.data.pipeline import build_data
 from imgtrain.host import cpus, dist
@@ -162,9 +163,10 @@ def _mapped(name: str) -> bool:
 
 @pytest.mark.skipif(not _mapped("libjpeg"), reason="torchvision maps no libjpeg of its own here")
 def test_the_jpeg_libraries_of_this_process() -> None:
+    decoders.cpu_decoder()  # TorchCodec is imported when a run first decodes: here, whatever ran before this test
     decoder = jpeg_decoders("cuda")
     assert decoder["torchvision_libjpeg_turbo"][0].isdigit()  # e.g. 3.1.3
-    assert decoder["torchcodec_libjpeg_turbo"][0].isdigit()  # the CPU path's decoder (imported by imgtrain.data)
+    assert decoder["torchcodec_libjpeg_turbo"][0].isdigit()  # the CPU path's decoder
     if _mapped("libnvjpeg"):  # a CUDA build of torchvision: nvJPEG answers without a GPU
         assert decoder["nvjpeg"].split(".")[0].isdigit()
     assert jpeg_decoders("cpu")["nvjpeg"] is None  # only asked when dataset.decode=cuda
