@@ -123,27 +123,36 @@ class LoaderPlan:
         return shown
 
 
+def resolve_workers(data: DataConfig, local_world_size: int = 1) -> tuple[int, str | None]:
+    """data.num_workers as a count, with the line saying how `auto` (or `tune`, before its probe) chose it."""
+    if data.num_workers not in (AUTO, TUNE):
+        return data.num_workers, None
+    cpus = cpu_budget()  # tune: the probe before training replaces auto's count (its fallback)
+    workers = auto_num_workers(local_world_size, cpus.usable)
+    return workers, (
+        f"data.num_workers={data.num_workers} -> {workers} ({cpus.usable} CPUs available to this process, set by "
+        f"{cpus.limited_by}; {local_world_size} process(es) on this node, one core kept for the training process)"
+        + (" until the probe before training chooses" if data.num_workers == TUNE else "")
+    )
+
+
 def plan_loader(
     data: DataConfig,
     *,
     train: bool,
     device_type: str,
+    workers: int | None = None,
     world_size: int = 1,
     local_world_size: int = 1,
     process_group: bool = False,
 ) -> LoaderPlan:
-    """Resolve `auto` values and drop options PyTorch would reject, noting each change in one line.
+    """Resolve `auto` values and drop options PyTorch would reject, noting each change in one line. `workers`: a
+    count decided elsewhere (the ranks' agreement, num_workers=tune) in place of data.num_workers.
     `process_group`: the run joined one (torchrun), so workers do not start by fork (see FORKSERVER)."""
     notes: list[str] = []
-    workers = data.num_workers
-    if workers in (AUTO, TUNE):  # tune: the probe before training replaces auto's count (its fallback)
-        cpus = cpu_budget()
-        workers = auto_num_workers(local_world_size, cpus.usable)
-        notes.append(
-            f"data.num_workers={data.num_workers} -> {workers} ({cpus.usable} CPUs available to this process, set by "
-            f"{cpus.limited_by}; {local_world_size} process(es) on this node, one core kept for the training process)"
-            + (" until the probe before training chooses" if data.num_workers == TUNE else "")
-        )
+    if workers is None:
+        workers, note = resolve_workers(data, local_world_size)
+        notes += [note] if note else []
     kwargs: dict[str, Any] = {
         "batch_size": data.batch_size if train else (data.val_batch_size or 2 * data.batch_size),
         "num_workers": workers,

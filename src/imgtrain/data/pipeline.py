@@ -18,7 +18,7 @@ from imgtrain.config.schema import Config, DataConfig, Mode
 from imgtrain.data.datasets import DatasetBundle
 from imgtrain.data.failures import stop_workers
 from imgtrain.data.feed import DeviceBatches, Feed, build_resident
-from imgtrain.data.loader import LoaderPlan, build_loader, plan_loader, train_sampler
+from imgtrain.data.loader import LoaderPlan, build_loader, plan_loader, resolve_workers, train_sampler
 from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.streamed import StreamedLoader, StreamedSplit
 from imgtrain.host import dist, optional
@@ -38,6 +38,7 @@ class RunData:
     loader_args: dict[str, dict[str, Any]]  # the effective DataLoader arguments, per split
     feed: Feed
     settings: DataConfig  # data.*: what the failure explanations name
+    planner: Planner  # the one route to a loader plan: num_workers=tune plans its probes and its choice with it
     left_out: tuple[tuple[str, str], ...] = ()  # data.device_resident: unreadable training files, (path, reason)
 
     @property
@@ -97,38 +98,60 @@ def make_loader(
     return build_loader(dataset, plan, train=train, seed=seed, rank=rank, world_size=world_size)
 
 
-def training_replan(settings: Config, info: dist.DistInfo, device: torch.device) -> Callable[[int], LoaderPlan]:
-    """dataset=shards: the training plan for any worker count (its tune choice, or a resumed epoch that started with
-    another count)."""
-    return lambda workers: _streamed(settings, plan_with_workers(settings.data, workers, device.type, info), info)
+@dataclass(frozen=True)
+class Planner:
+    """The one route from the config to a loader plan, made once per run (`for_run`): the training plan for any
+    worker count (data.num_workers, the count the ranks agreed on, num_workers=tune's probes and its choice, the
+    count a resumed shards epoch started with) and the validation plan, by the same function."""
+
+    data: DataConfig  # data.*
+    train_data: DataConfig  # data.*, with what dataset=shards' training loader cannot follow set aside (`_streamed`)
+    device_type: str
+    info: dist.DistInfo
+    streamed: bool = False  # dataset=shards: LitData's loader
+
+    @classmethod
+    def for_run(cls, data: DataConfig, device_type: str, info: dist.DistInfo, streamed: bool = False) -> Planner:
+        return cls(data, _streamed(data, info) if streamed else data, device_type, info, streamed)
+
+    def train(self, workers: int | None = None) -> LoaderPlan:
+        """The training loader's plan; `workers` in place of data.num_workers."""
+        return plan_loader(self.train_data, train=True, workers=workers, **self._placement())
+
+    def val(self) -> LoaderPlan:
+        return plan_loader(self.data, train=False, **self._placement())
+
+    def agreed_workers(self) -> int | None:
+        """dataset=shards under DDP: LitData deals chunks to world_size x num_workers workers, so every rank takes
+        rank 0's count (one broadcast, when the loaders are built); None where each rank's own count stands."""
+        if not self.streamed or self.info.world_size == 1:
+            return None
+        own, _ = resolve_workers(self.train_data, self.info.local_world_size)
+        workers = dist.broadcast_plain(own, self.info)
+        if workers == own:
+            return None
+        log.warning("dataset=shards: data.num_workers=%d on every rank, rank 0's (LitData needs one count)", workers)
+        return workers
+
+    def _placement(self) -> dict[str, Any]:
+        """What plan_loader needs to know of where it runs."""
+        info = self.info
+        return {
+            "device_type": self.device_type,
+            "world_size": info.world_size,
+            "local_world_size": info.local_world_size,
+            "process_group": info.enabled,
+        }
 
 
-def plan_with_workers(data: DataConfig, workers: int, device_type: str, info: dist.DistInfo) -> LoaderPlan:
-    """The training loader's plan with `workers` workers in place of data.num_workers (tune's probes and choice)."""
-    return plan_loader(dataclasses.replace(data, num_workers=workers), train=True, **_placement(device_type, info))
-
-
-def _placement(device_type: str, info: dist.DistInfo) -> dict[str, Any]:
-    """What plan_loader needs to know of where it runs."""
-    return {
-        "device_type": device_type,
-        "world_size": info.world_size,
-        "local_world_size": info.local_world_size,
-        "process_group": info.enabled,
-    }
-
-
-def use_tuned_workers(data: RunData, settings: Config, info: dist.DistInfo, device: torch.device, tuned: dict) -> None:
+def use_tuned_workers(data: RunData, info: dist.DistInfo, seed: int, tuned: dict) -> None:
     """Rebuild the training loader with the count `data.num_workers=tune` chose, and record the probe with its
     arguments (loader_args.json is written again by `save_loader_args`)."""
-    replan = training_replan(settings, info, device)
-    if isinstance(data.bundle.train, StreamedSplit):  # one count on every rank (see _agree_workers)
+    if data.planner.streamed:  # one count on every rank (see Planner.agreed_workers)
         tuned["chosen"] = dist.broadcast_plain(tuned["chosen"], info)
-        plan = replan(tuned["chosen"])
-    else:
-        plan = plan_with_workers(settings.data, tuned["chosen"], device.type, info)
+    plan = data.planner.train(tuned["chosen"])
     shard = {"rank": info.rank, "world_size": info.world_size}
-    data.train = make_loader(data.bundle.train, plan, train=True, seed=settings.train.seed, replan=replan, **shard)
+    data.train = make_loader(data.bundle.train, plan, train=True, seed=seed, replan=data.planner.train, **shard)
     data.loader_args["train"] = plan.describe()
     data.loader_args["tune"] = tuned
 
@@ -143,20 +166,11 @@ def _format(args: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in args.items())
 
 
-def plan_loaders(
-    settings: Config, device: torch.device, info: dist.DistInfo, streamed: bool = False
-) -> tuple[LoaderPlan, LoaderPlan]:
-    """Both splits' effective DataLoader arguments (logged); `streamed`: dataset=shards."""
-    common = _placement(device.type, info)
-    train_plan = plan_loader(settings.data, train=True, **common)
-    if streamed:
-        train_plan = _agree_workers(settings, _streamed(settings, train_plan, info), info, device)
-    val_plan = plan_loader(settings.data, train=False, **common)
+def _log_plans(train_plan: LoaderPlan, loader_args: dict[str, dict[str, Any]]) -> None:
     for note in train_plan.notes:
         log.warning(note) if note.startswith("data.num_workers=0") else log.info(note)
-    log.info("DataLoader (train): %s", _format(train_plan.describe()))
-    log.info("DataLoader (val):   %s", _format(val_plan.describe()))
-    return train_plan, val_plan
+    log.info("DataLoader (train): %s", _format(loader_args["train"]))
+    log.info("DataLoader (val):   %s", _format(loader_args["val"]))
 
 
 def decodes_on_gpu(settings: Config, device: torch.device) -> bool:
@@ -172,37 +186,24 @@ def decodes_on_gpu(settings: Config, device: torch.device) -> bool:
     return gpu_decode and settings.mode != Mode.compute
 
 
-def _streamed(settings: Config, plan: LoaderPlan, info: dist.DistInfo) -> LoaderPlan:
-    """dataset=shards: the training plan LitData can follow, each adjustment said in one line."""
-    data = settings.data
+def _streamed(data: DataConfig, info: dist.DistInfo) -> DataConfig:
+    """dataset=shards: data.* as LitData's training loader can follow it, each adjustment said in one line (once per
+    run); validation keeps data.* as it is (it has no resume state)."""
     if data.device_resident:
         raise ConfigError(
             "data.device_resident=true needs the whole training set in memory at once, and dataset=shards streams "
             "it: use data.device_resident=false, or dataset=imagefolder on a local copy"
         )
-    if plan.kwargs.pop("in_order", True) is False:
+    if not data.in_order:
         log.warning("data.in_order=false does not apply to dataset=shards: LitData's resume state needs worker order")
     if info.world_size > 1 and data.distributed_sampler is False:
         log.warning("data.distributed_sampler=false does not apply to dataset=shards: LitData shards over the ranks")
-    if info.world_size > 1 and not plan.kwargs["drop_last"]:
-        plan.kwargs["drop_last"] = True
+    if info.world_size > 1 and not data.drop_last:
         log.warning(
             "data.drop_last=false does not apply to dataset=shards under DDP: LitData does not pad the ranks' "
             "shares, so without dropping the last incomplete batch they would take different numbers of steps"
         )
-    return plan
-
-
-def _agree_workers(settings: Config, plan: LoaderPlan, info: dist.DistInfo, device: torch.device) -> LoaderPlan:
-    """dataset=shards under DDP: LitData deals chunks to world_size x num_workers workers, so every rank takes
-    rank 0's count (one broadcast, when the loaders are built)."""
-    if info.world_size == 1:
-        return plan
-    workers = dist.broadcast_plain(plan.kwargs["num_workers"], info)
-    if workers == plan.kwargs["num_workers"]:
-        return plan
-    log.warning("dataset=shards: data.num_workers=%d on every rank, rank 0's (LitData needs one count)", workers)
-    return _streamed(settings, plan_with_workers(settings.data, workers, device.type, info), info)
+    return dataclasses.replace(data, in_order=True, drop_last=data.drop_last or info.world_size > 1)
 
 
 def _no_batch(batch_size: int, train: Any, world_size: int) -> str:
@@ -238,11 +239,12 @@ def build_data(
         *(bundle.name, len(bundle.train), len(bundle.val), bundle.num_classes, bundle.image_size),
     )
     gpu_decode = decodes_on_gpu(settings, device)
-    train_plan, val_plan = plan_loaders(settings, device, info, streamed=isinstance(bundle.train, StreamedSplit))
+    planner = Planner.for_run(settings.data, device.type, info, streamed=isinstance(bundle.train, StreamedSplit))
+    train_plan, val_plan = planner.train(planner.agreed_workers()), planner.val()
     loader_args = {"train": train_plan.describe(), "val": val_plan.describe()}
+    _log_plans(train_plan, loader_args)
     shard = {"rank": info.rank, "world_size": info.world_size}
-    replan = training_replan(settings, info, device)
-    train_loader = make_loader(bundle.train, train_plan, train=True, seed=seed, replan=replan, **shard)
+    train_loader = make_loader(bundle.train, train_plan, train=True, seed=seed, replan=planner.train, **shard)
     val_loader = make_loader(bundle.val, val_plan, train=False, seed=seed, **shard)
     if len(train_loader) == 0:
         raise ConfigError(_no_batch(settings.data.batch_size, bundle.train, info.world_size))
@@ -272,6 +274,6 @@ def build_data(
         gpu_decode=gpu_decode,
         timed=settings.data.stage_timings,
     )
-    data = RunData(bundle, train_loader, val_loader, loader_args, feed, settings.data, left_out)
+    data = RunData(bundle, train_loader, val_loader, loader_args, feed, settings.data, planner, left_out)
     save_loader_args(data, info, out_dir)
     return data

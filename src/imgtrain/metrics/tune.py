@@ -22,7 +22,7 @@ from imgtrain.config.schema import Config
 from imgtrain.data.failures import stop_workers
 from imgtrain.data.feed import Feed
 from imgtrain.data.loader import LoaderPlan
-from imgtrain.data.pipeline import make_loader, plan_with_workers
+from imgtrain.data.pipeline import Planner, make_loader
 from imgtrain.host import dist
 from imgtrain.host.cpus import CpuBudget, available_cpus, cpu_budget
 from imgtrain.metrics.report import INPUT_BOUND_WAIT
@@ -119,7 +119,12 @@ def worker_candidates(local_world_size: int) -> tuple[list[int], CpuBudget]:
 
 
 def tune_workers(
-    dataset: Any, settings: Config, feed: Feed, info: dist.DistInfo, model_rate: Callable[[float], Rate]
+    dataset: Any,
+    settings: Config,
+    planner: Planner,
+    feed: Feed,
+    info: dist.DistInfo,
+    model_rate: Callable[[float], Rate],
 ) -> dict[str, Any]:
     """Probe the model alone and the training loader at `worker_counts` of this rank's CPU share, in interleaved
     rounds, and choose (each rank for itself) once the choice is separated or data.tune_budget_s is spent.
@@ -146,7 +151,7 @@ def tune_workers(
         round_started = time.perf_counter()
         compute.append(model_rate(seconds).median)
         for workers in counts:
-            plan = plan_with_workers(settings.data, workers, feed.device.type, info)
+            plan = planner.train(workers)  # the run's own route to a plan: the probe plans as training will
             samples[workers].append(loader_rate(dataset, plan, feed, seconds, info, settings.train.seed + rounds))
         rounds += 1
         candidates = {workers: Rate.of(rates) for workers, rates in samples.items()}

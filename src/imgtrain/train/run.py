@@ -208,11 +208,11 @@ def _tune_workers(
         return
     model_rate.ready()  # compiled and warmed up before the tuning clock starts
     try:
-        tuned = tune.tune_workers(data.bundle.train, settings, data.feed, info, model_rate)
+        tuned = tune.tune_workers(data.bundle.train, settings, data.planner, data.feed, info, model_rate)
     except (RuntimeError, OSError) as error:  # a probe's workers failed: training would say why, with its count
         log.warning("data.num_workers=tune: the probe failed (%s); keeping auto's count", one_line(error))
         return
-    use_tuned_workers(data, settings, info, device, tuned)
+    use_tuned_workers(data, info, settings.train.seed, tuned)
     save_loader_args(data, info, out_dir)
 
 
