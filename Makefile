@@ -19,7 +19,7 @@ RUN := $(BIN)/python
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help install train ddp sweep shards bench bench-quick bench-gpu test test-slow test-gpu test-all lint format clean
+.PHONY: help install train ddp sweep shards bench bench-quick bench-gpu test test-slow test-gpu test-all lint format docs clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -73,6 +73,9 @@ lint: $(SETUP) ## ruff check and format check
 format: $(SETUP) ## Apply ruff's fixes and formatting
 	$(RUN) -m ruff check --fix .
 	$(RUN) -m ruff format .
+
+docs: $(SETUP) ## Write docs/configuration-reference.md from the config schemas (tests/test_docs.py checks it)
+	$(RUN) -m imgtrain.config.reference
 
 clean: ## Remove outputs and caches (keeps .venv and the generated datasets)
 	rm -rf outputs .pytest_cache .ruff_cache

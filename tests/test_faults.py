@@ -71,7 +71,7 @@ def test_other_errors_pass_through() -> None:
 
 
 def test_a_full_shm_raised_in_a_worker_is_explained() -> None:
-    """What torch 2.15 said when 8 batches of 9.8 MB met a 64 MB /dev/shm (a real run, README)."""
+    """What torch 2.15 said when 8 batches of 9.8 MB met a 64 MB /dev/shm (a real run, docs/troubleshooting.md)."""
     message = (
         "Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
         '  File "torch/storage.py", line 423, in _new_shared\n    return cls._new_using_fd_cpu(size)\n'

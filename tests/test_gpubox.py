@@ -30,7 +30,7 @@ ABSENT += ["hydra_plugins.hydra_optuna_sweeper"]
 
 
 def _make(site_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    """`make <args> NOVENV=1` with the GPU box's Python: what README's GPU section tells that machine to type."""
+    """`make <args> NOVENV=1` with the GPU box's Python: what docs/gpu.md tells that machine to type."""
     argv, env = gpubox.command(site_dir)
     env["PYTHONPATH"] = str(site_dir)  # the Makefile adds src/
     python = " ".join(argv)  # the interpreter with -S

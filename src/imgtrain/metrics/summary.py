@@ -1,5 +1,5 @@
-"""`metrics.json`: the typed definition of a run's final figures. README.md's table of its fields lists these
-fields in this order (tests/test_docs.py checks it)."""
+"""`metrics.json`: the typed definition of a run's final figures. docs/measurements.md's table of its fields lists
+these fields in this order (tests/test_docs.py checks it)."""
 
 from __future__ import annotations
 

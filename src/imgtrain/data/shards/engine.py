@@ -1,6 +1,6 @@
 """The streaming engine, LitData (pinned in pyproject.toml), and the five settings of it this template depends on.
 
-Why LitData and not WebDataset or MosaicML streaming: README, "When your data outgrows a local folder".
+Why LitData and not WebDataset or MosaicML streaming: docs/shards.md, "Why LitData".
 Each workaround below was found by testing LitData 0.2.76 against a local S3-compatible server (moto); each is
 covered by tests/test_shards_s3.py, so a LitData upgrade that changes the behaviour fails there first.
 """
