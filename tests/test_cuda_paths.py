@@ -26,7 +26,7 @@ from imgtrain.data.gpu_decode import GpuJpegBatches, JpegBatchDecoder
 from imgtrain.data.jpeg import EncodedBatch
 from imgtrain.data.samples import Batch, RawBatch, Uncropped, collate
 from imgtrain.data.stages import StreamTimer
-from imgtrain.metrics.pipeline import PipelineMeter
+from imgtrain.metrics.stage_breakdown import PipelineMeter
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)  # CUDA: faked streams; the tensors stay on the CPU
 

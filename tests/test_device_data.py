@@ -165,7 +165,7 @@ def test_the_decode_thread_never_waits_for_its_own_stream_and_times_it_with_even
     from imgtrain.data.datasets import train_transform
     from imgtrain.data.gpu_decode import GpuJpegBatches
     from imgtrain.data.stages import StreamTimer
-    from imgtrain.metrics.pipeline import PipelineMeter
+    from imgtrain.metrics.stage_breakdown import PipelineMeter
 
     fake = fakecuda.install(monkeypatch)
     batches = fakecuda.jpeg_batches(tmp_path, 32)

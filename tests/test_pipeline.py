@@ -20,8 +20,8 @@ from imgtrain.data.samples import GuardedSamples, collate
 from imgtrain.host import dist
 from imgtrain.host.cpus import CpuBudget
 from imgtrain.metrics import report, tune
-from imgtrain.metrics.pipeline import PipelineMeter
 from imgtrain.metrics.spread import Rate
+from imgtrain.metrics.stage_breakdown import PipelineMeter
 from imgtrain.train.run import run
 
 

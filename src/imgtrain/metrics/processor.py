@@ -23,7 +23,6 @@ from imgtrain.host import dist
 from imgtrain.host.cpus import available_cpus
 from imgtrain.metrics.epoch_start import EpochStarts
 from imgtrain.metrics.monitor import ResourceMonitor
-from imgtrain.metrics.pipeline import PipelineMeter
 from imgtrain.metrics.report import (
     bounding_stage,
     print_table,
@@ -34,6 +33,7 @@ from imgtrain.metrics.report import (
     why_not_measured,
 )
 from imgtrain.metrics.spread import Rate
+from imgtrain.metrics.stage_breakdown import PipelineMeter
 from imgtrain.metrics.summary import RunSummary
 from imgtrain.metrics.tensorboard import MetricsLogger, hparam_metrics, hparams
 from imgtrain.metrics.windows import StepMeter

@@ -24,11 +24,11 @@ from imgtrain.data import streamed
 from imgtrain.data.pipeline import RunData, build_data, save_loader_args, use_tuned_workers
 from imgtrain.host import dist
 from imgtrain.metrics import Metrics, tune
-from imgtrain.metrics.pipeline import PipelineMeter
 from imgtrain.metrics.preflight import preflight
 from imgtrain.metrics.probe import ModelProbe
 from imgtrain.metrics.profiling import Profiler
 from imgtrain.metrics.spread import MIN_WINDOWS, Rate
+from imgtrain.metrics.stage_breakdown import PipelineMeter
 from imgtrain.resilience import rundir
 from imgtrain.resilience.atomic import write_json
 from imgtrain.resilience.checkpoint import Checkpointer
