@@ -15,11 +15,14 @@ Sections, in one invocation on this machine (`--only` picks some, e.g. `--only g
   gpu-jpeg      ResNet-50 at 224 px from a JPEG folder: CPU decode and dataset.decode=cuda, and timm's train.py
                 on the same folder when --timm-train is given. About 5 minutes on one H100;
   storage       the same JPEGs as a folder and as shards (dataset=shards), read by one loader worker from the page
-                cache and from a store that charges 5 ms per file open (benchmarks/storage.py); about 9 minutes.
+                cache and from a store that charges 5 ms per file open (benchmarks/storage.py); about 9 minutes;
+  decode-cpu, resize-kernels  kernels timed in this process on one thread (benchmarks/kernels.py): CPU JPEG
+                decode, torchvision's against imgtrain's; the crop-and-resize kernels data/batched.py chooses
+                between. About 10 s each on 2 cores.
 The GPU sections run only where CUDA is available, otherwise their rows say "not measured". Every GPU row
 measures at least 200 steady-state steps. Every figure comes from a real run's metrics.json (or the bare
-loop's or timm's output); nothing is estimated. Results go to a JSON file and, as a dated markdown section,
-to BENCHMARKS.md.
+loop's or timm's output, or, for the kernel sections, this process's clock); nothing is estimated. Results go
+to a JSON file and, as a dated markdown section, to BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+import kernels  # noqa: E402  (benchmarks/kernels.py)
 from storage import storage  # noqa: E402  (benchmarks/storage.py)
 
 from imgtrain.data.datasets import build_shapes  # noqa: E402
@@ -482,6 +486,7 @@ def machine() -> dict:
 
 
 SECTIONS = ("overhead", "modes", "workers", "breakdown", "checkpoint", "gpu-ceilings", "gpu-jpeg", "storage")
+SECTIONS += ("decode-cpu", "resize-kernels")  # benchmarks/kernels.py
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -535,6 +540,10 @@ def main(argv: list[str] | None = None) -> int:
         report["gpu_jpeg"] = gpu_jpeg(bench, gpu_steps, gpu_warmup, timm)
     if "storage" in only:
         report["storage"] = storage(bench, imagefolder_root(bench), repeats, steps)
+    if "decode-cpu" in only:
+        report["decode_cpu"] = kernels.decode_cpu(40 if args.quick else 400, 1 if args.quick else 5)
+    if "resize-kernels" in only:
+        report["resize_kernels"] = kernels.resize_kernels(*((1, 1) if args.quick else (5, 10)))
     stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M%S")
     json_path = args.json or ROOT / "benchmarks" / "results" / f"{stamp}.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)

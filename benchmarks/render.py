@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+import kernels  # benchmarks/kernels.py
+
 
 def _rate(value: float | None) -> str:
     return f"{value:,.0f}" if value else "—"
@@ -50,6 +52,7 @@ def render(report: dict, json_path: Path) -> str:
         lines += _gpu_jpeg(report["gpu_jpeg"])
     if "storage" in report:
         lines += _storage(report["storage"])
+    lines += kernels.render(report)
     lines += [
         "",
         "Each row's command is in the JSON file. Images/s are steady state (after `metrics.skip_first_steps`), summed "

@@ -47,10 +47,17 @@ def test_quick_benchmark_runs_every_section(tmp_path: Path) -> None:
     assert all(storage[(f, s)]["images_per_sec_per_worker"] > 0 for f in ("folder", "shards") for s in stores)
     if "slow" in stores:  # 5 ms per open: the folder pays it per image, so its read stage shows it
         assert storage[("folder", "slow")]["read_ms_per_image"] > 4 > storage[("shards", "slow")]["read_ms_per_image"]
+    decoders = report["decode_cpu"]["decoders"].values()
+    assert len(decoders) == 2 and all(d["median"] > 0 for d in decoders)
+    assert report["decode_cpu"]["pixel_difference_mean"] < 1  # the same JPEGs, the same pixels near enough
+    assert len(report["resize_kernels"]["rows"]) == 6
+    ways = ("v2 per sample", "uint8 resize per image", "roi_align per batch")
+    assert all(row[way]["median"] > 0 for row in report["resize_kernels"]["rows"] for way in ways)
     text = out_md.read_text()
     assert "(quick mode: a smoke test, not figures to quote)" in text and "### (c) Loader throughput" in text
     assert "### (d) GPU" in text and "### (e) GPU" in text and "### Checkpoint cost" in text
     assert "### Cost of the stage breakdown" in text and "### (f) Storage" in text
+    assert "### CPU JPEG decode" in text and "### Crop-and-resize kernels" in text
 
 
 def test_only_runs_the_sections_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

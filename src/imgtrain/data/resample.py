@@ -15,9 +15,10 @@ a centre crop the rows kept; a view, its plan's box moved by the offset, the wei
 windows, sorted by their longer side, are resampled in chunks of at most CHUNK_BYTES of canvas. The channels are
 folded into the matmuls (columns first on [n, H*C, W], then rows on [n, H, C*size]), so no weights are broadcast
 over them. One 4000x3000 photo among 255 ImageNet-sized images, training crop: 31.0 GB at the peak before, 0.74 GB
-now (float16, counted without allocating: benchmarks/canvas_memory.py, BENCHMARKS.md 2026-11-25). With
-data.augment_on=device the worker ships one canvas of the windows (`window_canvas`), padded to the batch's largest
-window, and `resample` takes it a chunk of consecutive images at a time: only the working memory is bounded there.
+now (float16, counted without allocating: BENCHMARKS.md 2026-11-25; the script: git show
+fa1e1a1:benchmarks/canvas_memory.py). With data.augment_on=device the worker ships one canvas of the windows
+(`window_canvas`), padded to the batch's largest window, and `resample` takes it a chunk of consecutive images at
+a time: only the working memory is bounded there.
 
 The plan (each image's box per axis) is computed on the host from sizes and seeds alone, by the workers or the
 decode thread; the weights are built on the device from it, so only [B, 11] numbers travel with the images.
@@ -46,8 +47,8 @@ PLAN_WIDTH = 2 * AXIS_FIELDS + 1
 # Bytes of canvas (in the matmuls' dtype) resampled at once. The smallest power of two in MiB that keeps the
 # largest ordinary batch, 256 images of 384 px in float16 (226 MB), one chunk, hence one launch per pass. A chunk's
 # working memory, canvas, weights and the intermediate [n, H, 3*size] together, stays under twice this for
-# ImageNet-sized images (1.31 to 1.80 times in benchmarks/canvas_memory.py's four decode cases, BENCHMARKS.md
-# 2026-11-25); relative to the canvas it grows for small windows, whose weights and intermediate are larger beside
+# ImageNet-sized images (1.31 to 1.80 times in canvas_memory.py's four decode cases, BENCHMARKS.md 2026-11-25);
+# relative to the canvas it grows for small windows, whose weights and intermediate are larger beside
 # them. Larger batches, and mixed sizes above it, go in chunks of windows.
 CHUNK_BYTES = 256 * 2**20
 
