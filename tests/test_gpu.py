@@ -129,8 +129,8 @@ def test_gpu_decode_never_overwrites_memory_that_queued_kernels_still_read(jpeg_
     Each iteration fills tensors, queues long matrix products and then one reduction per tensor, frees the
     tensors while their reductions are still queued, and decodes a batch on the same stream: the caching
     allocator hands the decoder the freed blocks. Unfenced, nvJPEG writes them before the reductions run: 199
-    of 240 iterations on an H100 (BENCHMARKS.md 2026-11-23; benchmarks/results/2026-11-23-h100/COMMAND.md). Every reduction must keep its exact
-    value, and every decoded batch the checksum it has when decoded alone.
+    of 240 iterations on an H100 (BENCHMARKS.md 2026-11-23; benchmarks/results/2026-11-23-h100/COMMAND.md).
+    Every reduction must keep its exact value, and every decoded batch the checksum it has when decoded alone.
     """
     batches = _encoded_batches(jpeg_root, 32, 256)
     expected = []

@@ -7,8 +7,8 @@ depend on the batch or the worker, and a resumed epoch draws the same boxes. The
 algorithm (up to 10 tries of a scale and a log-uniform aspect ratio, then the centre crop), with other random
 numbers than torchvision's generator would give.
 
-The resize, measured per image on one core of the 2-core development machine (`benchmarks/bench.py --only resize-kernels`,
-BENCHMARKS.md, 2026-11-24 20:50):
+The resize, measured per image on one core of the 2-core development machine (`benchmarks/bench.py --only
+resize-kernels`, BENCHMARKS.md, 2026-11-24 20:50):
 - small images of one size: one `torchvision.ops.roi_align` call for the group, 0.0125 ms at 32 px, against
   0.0222 for torchvision's uint8 resize called per image and 0.0501 for the v2 transform per sample; at 48 px
   the first two tie (0.027, 0.026), so the group call is kept up to 40 px;
