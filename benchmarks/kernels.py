@@ -23,7 +23,6 @@ from functools import partial
 
 import numpy as np
 import torch
-import torchcodec
 import torchvision
 import torchvision.transforms.v2.functional as F
 from PIL import Image
@@ -32,7 +31,7 @@ from torchvision.io import decode_image as torchvision_decode
 from torchvision.ops import roi_align
 from torchvision.transforms import v2
 
-from imgtrain.data.decoders import decode_bytes
+from imgtrain.data.decoders import cpu_decoder, decode_bytes
 
 RESIZE_CASES = [(32, 32, 64), (48, 48, 64), (64, 64, 64), (96, 64, 64), (128, 112, 64), ((375, 500), 224, 16)]
 RESIZE_WAYS = ("v2 per sample", "uint8 resize per image", "roi_align per batch")
@@ -80,7 +79,8 @@ def decode_cpu(images: int, rounds: int, size: tuple[int, int] = (500, 375)) -> 
         rgb = partial(torchvision_decode, mode=ImageReadMode.RGB)
         decoders = {
             f"torchvision {torchvision.__version__} io.decode_image": rgb,
-            f"torchcodec {torchcodec.__version__} (imgtrain decode_bytes)": lambda d: decode_bytes(d, "bench"),
+            # TorchCodec, imported here (when this section runs): the GPU box has none, and bench.py imports this file
+            f"{cpu_decoder().name} (imgtrain decode_bytes)": lambda d: decode_bytes(d, "bench"),
         }
         first, second = list(decoders)
         diffs = [float((decoders[first](d).int() - decoders[second](d).int()).abs().float().mean()) for d in files]
