@@ -144,9 +144,10 @@ class Planner:
         }
 
 
-def use_tuned_workers(data: RunData, info: dist.DistInfo, seed: int, tuned: dict) -> None:
+def use_tuned_workers(data: RunData, seed: int, tuned: dict) -> None:
     """Rebuild the training loader with the count `data.num_workers=tune` chose, and record the probe with its
     arguments (loader_args.json is written again by `save_loader_args`)."""
+    info = data.planner.info
     if data.planner.streamed:  # one count on every rank (see Planner.agreed_workers)
         tuned["chosen"] = dist.broadcast_plain(tuned["chosen"], info)
     plan = data.planner.train(tuned["chosen"])

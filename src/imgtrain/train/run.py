@@ -212,7 +212,7 @@ def _tune_workers(
     except (RuntimeError, OSError) as error:  # a probe's workers failed: training would say why, with its count
         log.warning("data.num_workers=tune: the probe failed (%s); keeping auto's count", one_line(error))
         return
-    use_tuned_workers(data, info, settings.train.seed, tuned)
+    use_tuned_workers(data, settings.train.seed, tuned)
     save_loader_args(data, info, out_dir)
 
 
