@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from omegaconf import MISSING
 
@@ -11,6 +11,21 @@ from imgtrain.config.fields import Choice, at_least, checked
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
+
+
+class AugmentPolicy(Choice):
+    """The training augmentation (dataset.augment): a random resized crop and flip, then a per-sample policy from
+    torchvision.transforms.v2 on the uint8 crop, as torchvision's classification reference applies them."""
+
+    none = "none"  # no augmentation: the validation transform (resize, centre crop)
+    rrc_flip = "rrc_flip"  # RandomResizedCrop and a horizontal flip (batched, data/batched.py)
+    trivialaugment = "trivialaugment"  # and TrivialAugmentWide, per sample
+    randaugment = "randaugment"  # and RandAugment(num_ops=dataset.randaugment_ops, magnitude=...), per sample
+    autoaugment = "autoaugment"  # and AutoAugment's ImageNet policy, per sample
+
+
+def _probability(value: float) -> str | None:
+    return None if 0.0 <= value <= 1.0 else "expected a probability in [0, 1]"
 
 
 class Decode(Choice):
@@ -27,7 +42,11 @@ class DatasetConfig:
     image_size: int = checked(64, at_least(8, note="pixels"))  # side of the square training crop
     mean: list[float] = field(default_factory=lambda: list(IMAGENET_MEAN))  # 0..1 units, applied on the device
     std: list[float] = field(default_factory=lambda: list(IMAGENET_STD))
-    augment: bool = True
+    augment: AugmentPolicy = AugmentPolicy.rrc_flip  # none, rrc_flip, trivialaugment, randaugment, autoaugment
+    randaugment_ops: int = checked(2, at_least(1, note="operations per image"))  # with augment=randaugment
+    randaugment_magnitude: int = checked(9, lambda v: None if 0 <= v <= 30 else "expected an integer in [0, 30]")
+    # per image, the chance of one random rectangle filled with the mean (torchvision's RandomErasing), per batch
+    random_erasing: float = checked(0.0, _probability)
     extra: ClassVar[str | None] = None  # the optional engine it needs: imgtrain[<extra>] (host/optional.py)
 
 
@@ -107,3 +126,31 @@ class CifarConfig(DatasetConfig):
     image_size: int = checked(32, at_least(8, note="pixels"))
     mean: list[float] = field(default_factory=lambda: [0.4914, 0.4822, 0.4465])
     std: list[float] = field(default_factory=lambda: [0.2470, 0.2435, 0.2616])
+
+
+@dataclass
+class CsvConfig(DatasetConfig):
+    """A CSV (or TSV) per split of image path and label: paths relative to the file, classes from the labels."""
+
+    _target_: str = "imgtrain.data.user_datasets.build_csv"
+    name: str = "csv"
+    train: str | None = None  # required: the training split's file
+    val: str | None = None  # required: the validation split's file
+    image_size: int = checked(224, at_least(8, note="pixels"))
+    val_resize: int | None = None  # null = image_size / 0.875, the usual ImageNet ratio
+
+
+@dataclass
+class CustomConfig(DatasetConfig):
+    """Your own map-style Dataset (dataset=custom dataset._target_=your.module.YourDataset): the template calls
+    it once per split with split="train" or "val" and the group's other keys (`options`), and wraps it with its
+    guard, timing and batched crop. `validate` builds this from the group's keys; `dataset_class` is what
+    `dataset._target_` named."""
+
+    _target_: str = "imgtrain.data.user_datasets.build_custom"
+    name: str = "custom"
+    dataset_class: str = MISSING  # dataset._target_ on the command line
+    num_classes: int | None = checked(None, at_least(1, null="from the dataset's `classes` attribute"))
+    image_size: int = checked(224, at_least(8, note="pixels"))
+    val_resize: int | None = None  # null = image_size / 0.875, the usual ImageNet ratio
+    options: dict[str, Any] = field(default_factory=dict)  # the group's other keys, passed to the constructor

@@ -7,8 +7,7 @@ import re
 
 # trainer.* held all of the above until it was split by concern; an old key on the command line is named here.
 MOVED_KEYS = {
-    **{f"trainer.{key}": f"train.{key}" for key in ("epochs", "max_steps", "seed", "lr_warmup_epochs")},
-    "trainer.label_smoothing": "train.label_smoothing",
+    **{f"trainer.{key}": f"train.{key}" for key in ("epochs", "max_steps", "seed")},
     **{f"trainer.{key}": f"system.{key}" for key in ("device", "precision", "channels_last", "compile")},
     "trainer.deterministic": "system.deterministic",
     "trainer.resume": "checkpoint.resume",
@@ -19,6 +18,8 @@ MOVED_KEYS = {
     **{f"trainer.{key}": f"metrics.{key}" for key in ("log_every_n_steps", "progress_bar", "monitor_interval_s")},
     **{f"trainer.{key}": f"metrics.{key}" for key in ("compute_probe", "profile", "profile_steps")},
     "trainer.nonfinite": "faults.nonfinite",
+    "trainer.lr_warmup_epochs": "schedule.warmup_epochs",
+    "trainer.label_smoothing": "loss.label_smoothing",
     "trainer.dist_timeout_s": "faults.dist_timeout_s",
 }
 

@@ -20,6 +20,8 @@ from torch.utils.data import DataLoader
 
 from imgtrain.config.datasets import (
     CifarConfig,
+    CsvConfig,
+    CustomConfig,
     DatasetConfig,
     ImageFolderConfig,
     ShapesConfig,
@@ -76,10 +78,11 @@ class StartMethod(Choice):
     forkserver = "forkserver"
 
 
-class Arch(Choice):
-    resnet18 = "resnet18"
-    resnet34 = "resnet34"
-    resnet50 = "resnet50"
+class BestOf(Choice):
+    """Which weights best.pt keeps (checkpoint.best_of) when train.ema_decay is set."""
+
+    model = "model"  # the trained weights, by their val_acc
+    ema = "ema"  # their exponential moving average, by its val_acc_ema
 
 
 class Metric(Choice):
@@ -135,17 +138,44 @@ class DataConfig:
 
 
 # ----------------------------------------------------------------------------- model and optimizer
+def _pretrained(value: Any) -> str | None:
+    ok = isinstance(value, bool) or os.path.isfile(os.path.expanduser(str(value)))
+    return None if ok else "expected true (the library's weights, from its cache), false, or a weights file's path"
+
+
 @dataclass
-class ModelConfig:
-    _target_: str = "imgtrain.train.model.build_model"
-    arch: Arch = Arch.resnet18  # torchvision's ResNets
-    cifar_stem: bool = False  # 3x3 stride-1 stem and no max-pool, for 32-px images
-    zero_init_residual: bool = False
+class TorchvisionModelConfig:
+    """Any classification model of torchvision.models, by name (model=torchvision model.arch=convnext_tiny)."""
+
+    _target_: str = "imgtrain.train.model.build_torchvision"
+    arch: str = "resnet18"  # a name torchvision.models.list_models(torchvision.models) gives
+    cifar_stem: bool = False  # ResNets only: 3x3 stride-1 stem and no max-pool, for 32-px images
+    zero_init_residual: bool = False  # ResNets only: each block's last BatchNorm starts at zero
+    # true: torchvision's default weights from the torch hub cache (never downloaded here); or a weights file
+    pretrained: Any = checked(False, _pretrained)
 
     @property
     def name(self) -> str:
-        """What the log and metrics.json call the model: the ResNet's arch, or the builder a fork's entry names."""
-        return str(self.arch) if self._target_.endswith(".build_model") else self._target_.rsplit(".", 1)[-1]
+        """What the log and metrics.json call the model."""
+        return self.arch
+
+
+@dataclass
+class TimmModelConfig:
+    """Any timm model, by name (model=timm model.name=convnext_atto): needs the extra imgtrain[timm]."""
+
+    _target_: str = "imgtrain.train.model.build_timm"
+    name: str = MISSING  # a name timm.list_models() gives, e.g. timm.list_models("*convnext*")
+    pretrained: Any = checked(False, _pretrained)  # true: timm's weights from the Hugging Face cache; or a file
+    drop_rate: float = checked(0.0, lambda v: None if 0.0 <= v < 1.0 else "expected a number in [0, 1)")
+    drop_path_rate: float = checked(0.0, lambda v: None if 0.0 <= v < 1.0 else "expected a number in [0, 1)")
+
+
+def model_name(model: Any) -> str:
+    """What the log and metrics.json call the model: its `name`, else the builder its `_target_` names."""
+    name = getattr(model, "name", None) if not isinstance(model, dict) else model.get("name")
+    target = model.get("_target_", "") if isinstance(model, dict) else getattr(model, "_target_", "")
+    return str(name) if name else str(target).rsplit(".", 1)[-1]
 
 
 @dataclass
@@ -155,6 +185,7 @@ class SGDConfig:
     momentum: float = 0.9
     weight_decay: float = 5e-4  # not applied to BatchNorm weights and biases
     nesterov: bool = True
+    scale_lr_with_batch: bool = False  # true: lr x global batch / 256 (Goyal et al.), said in the log
 
 
 @dataclass
@@ -163,6 +194,46 @@ class AdamWConfig:
     lr: float = 2e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     weight_decay: float = 0.05  # not applied to BatchNorm weights and biases
+    scale_lr_with_batch: bool = False  # true: lr x global batch / 256 (Goyal et al.), said in the log
+
+
+# ----------------------------------------------------------------------------- loss and LR schedule
+_SMOOTHING = "expected a number in [0, 1)"
+
+
+@dataclass
+class CrossEntropyConfig:
+    """torch.nn.CrossEntropyLoss: hard labels, or the soft ones mixup/cutmix make."""
+
+    _target_: str = "torch.nn.CrossEntropyLoss"
+    label_smoothing: float = checked(0.0, lambda v: None if 0.0 <= v < 1.0 else _SMOOTHING)
+
+
+@dataclass
+class FocalLossConfig:
+    """Focal loss (Lin et al., 2017) on the softmax: cross-entropy weighted by (1 - p)^gamma per example."""
+
+    _target_: str = "imgtrain.train.losses.FocalLoss"
+    gamma: float = checked(2.0, at_least(0, "a number"))
+    label_smoothing: float = checked(0.0, lambda v: None if 0.0 <= v < 1.0 else _SMOOTHING)
+
+
+@dataclass
+class WarmupCosineConfig:
+    """Linear warm-up, then a cosine to zero at the last step."""
+
+    _target_: str = "imgtrain.train.schedules.warmup_cosine"
+    warmup_epochs: float = checked(0.5, at_least(0, "a number"))
+
+
+@dataclass
+class StepDecayConfig:
+    """Linear warm-up, then the LR times `gamma` every `step_epochs` epochs (torchvision's StepLR recipe)."""
+
+    _target_: str = "imgtrain.train.schedules.warmup_step"
+    warmup_epochs: float = checked(0.0, at_least(0, "a number"))
+    step_epochs: float = checked(30.0, lambda v: None if v > 0 else "expected epochs > 0")
+    gamma: float = checked(0.1, lambda v: None if 0.0 < v <= 1.0 else "expected a factor in (0, 1]")
 
 
 # ----------------------------------------------------------------------------- training, by concern
@@ -180,13 +251,19 @@ _SECONDS = "expected seconds > 0"
 
 @dataclass
 class TrainConfig:
-    """The recipe: how long, from which seed, the learning-rate warmup and the loss. train.<key>=..."""
+    """The recipe: how long, from which seed, mixing and the weights' average. train.<key>=..."""
 
     epochs: int = checked(5, at_least(1))
     max_steps: int | None = checked(None, at_least(1, null=""))  # stop after this many optimizer steps
     seed: int = 0
-    lr_warmup_epochs: float = checked(0.5, at_least(0, "a number"))  # linear LR warmup, then cosine to zero
-    label_smoothing: float = checked(0.0, lambda v: None if 0.0 <= v < 1.0 else "expected a number in [0, 1)")
+    # mixup/cutmix on the device batch (torchvision.transforms.v2.MixUp/CutMix); 0 = off. With both on, each
+    # mixed batch uses one of them, chosen at random, as torchvision's reference does
+    mixup_alpha: float = checked(0.0, at_least(0, "a number", note="0 = off"))
+    cutmix_alpha: float = checked(0.0, at_least(0, "a number", note="0 = off"))
+    mix_prob: float = checked(1.0, lambda v: None if 0.0 <= v <= 1.0 else "expected a probability in [0, 1]")
+    # an exponential moving average of the weights (torch.optim.swa_utils.AveragedModel), validated beside them
+    ema_decay: float | None = checked(None, lambda v: None if v is None or 0.0 < v < 1.0 else "expected null or (0, 1)")
+    ema_every_n_steps: int = checked(1, at_least(1, note="optimizer steps between EMA updates"))
 
 
 @dataclass
@@ -212,6 +289,7 @@ class CheckpointConfig:
     # improves (best.pt), at the end of the run and on a stop signal.
     every_min: float | None = checked(10.0, lambda v: None if v is None or v > 0 else _MINUTES)
     every_n_steps: int = checked(0, at_least(0, note="0 = off"))  # also every this many steps
+    best_of: BestOf = BestOf.model  # with train.ema_decay: best.pt keeps the best model, or the best EMA
 
 
 @dataclass
@@ -243,10 +321,12 @@ class FaultsConfig:
 
 @dataclass
 class Config:
-    dataset: DatasetConfig = MISSING
-    model: ModelConfig = MISSING
+    dataset: Any = MISSING  # a DatasetConfig; dataset=custom's keys become a CustomConfig in `validate`
+    model: Any = MISSING  # TorchvisionModelConfig, TimmModelConfig, or a fork's entry with its own `_target_`
     data: DataConfig = MISSING
-    optim: Any = MISSING
+    optim: Any = MISSING  # any torch.optim optimizer by `_target_`; SGDConfig and AdamWConfig are typed
+    loss: Any = MISSING  # any loss module by `_target_`
+    schedule: Any = MISSING  # any LR-schedule builder by `_target_`
     train: TrainConfig = MISSING
     system: SystemConfig = MISSING
     checkpoint: CheckpointConfig = MISSING
@@ -271,9 +351,16 @@ def register_configs() -> None:
     cs.store(group="dataset", name="base_imagefolder", node=ImageFolderConfig)
     cs.store(group="dataset", name="base_cifar", node=CifarConfig)
     cs.store(group="dataset", name="base_shards", node=ShardsConfig)
-    cs.store(group="model", name="base_model", node=ModelConfig)
+    cs.store(group="dataset", name="base_csv", node=CsvConfig)
+    cs.store(group="dataset", name="base_custom", node=CustomConfig)
+    cs.store(group="model", name="base_torchvision", node=TorchvisionModelConfig)
+    cs.store(group="model", name="base_timm", node=TimmModelConfig)
     cs.store(group="optim", name="base_sgd", node=SGDConfig)
     cs.store(group="optim", name="base_adamw", node=AdamWConfig)
+    cs.store(group="loss", name="base_cross_entropy", node=CrossEntropyConfig)
+    cs.store(group="loss", name="base_focal", node=FocalLossConfig)
+    cs.store(group="schedule", name="base_warmup_cosine", node=WarmupCosineConfig)
+    cs.store(group="schedule", name="base_step", node=StepDecayConfig)
     cs.store(group="train", name="base_train", node=TrainConfig)
     cs.store(group="system", name="base_system", node=SystemConfig)
     cs.store(group="checkpoint", name="base_checkpoint", node=CheckpointConfig)
@@ -331,8 +418,30 @@ def _check_across_fields(settings: Config) -> None:
             "data.drop_last=false gives the last batch of each epoch another: use data.drop_last=true, or "
             "system.compile_mode=default"
         )
-    if not isinstance(settings.optim, SGDConfig | AdamWConfig):
-        raise ConfigError("optim must be one of the optim group's options: optim=sgd or optim=adamw")
+
+
+def _with_custom_dataset(cfg: DictConfig) -> DictConfig:
+    """`cfg` with dataset=custom (or a fork's dataset file with no schema) as a CustomConfig: `dataset._target_`, the
+    user's Dataset class, becomes `dataset_class`; the keys CustomConfig does not know (`+dataset.root=...`) go to
+    `options`, which the class's constructor receives."""
+    node = cfg.get("dataset")
+    if not isinstance(node, DictConfig) or OmegaConf.get_type(node) not in (dict, CustomConfig):
+        return cfg
+    keys = OmegaConf.to_container(node, resolve=True)
+    target = keys.pop("_target_", None)
+    if target not in (None, CustomConfig._target_):
+        keys["dataset_class"] = target
+    if keys.get("dataset_class") in (None, MISSING):
+        raise ConfigError(
+            "dataset._target_ is required with dataset=custom: pass dataset._target_=your.module.YourDataset, a "
+            "map-style Dataset taking split='train'|'val' and returning (PIL image or uint8 tensor, label)"
+        )
+    known = {spec.name for spec in fields(CustomConfig)} - {"_target_", "options"}
+    typed = {key: keys.pop(key) for key in list(keys) if key in known}
+    options = {**(keys.pop("options", None) or {}), **keys}
+    cfg = cfg.copy()
+    cfg.dataset = OmegaConf.merge(OmegaConf.structured(CustomConfig), {**typed, "options": options})
+    return cfg
 
 
 def validate(cfg: DictConfig) -> Config:
@@ -344,6 +453,7 @@ def validate(cfg: DictConfig) -> Config:
         named = f"{unknown[0]}.{next(iter(node))}" if isinstance(node, DictConfig) and node else unknown[0]
         raise ConfigError(moved_key_line(named) or f"{named} is not a config key: the top level has {', '.join(known)}")
     try:
+        cfg = _with_custom_dataset(cfg)
         settings: Config = OmegaConf.to_object(cfg)  # resolves interpolations and enforces types
     except Exception as err:  # OmegaConf's messages are several lines; keep the first, which names the key
         raise ConfigError(str(err).splitlines()[0]) from err
