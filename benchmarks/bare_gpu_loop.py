@@ -16,7 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from imgtrain.train.model import build_model
+from imgtrain.train.model import build_torchvision
 
 
 def ceiling(arch: str, cifar: bool, size: int, batch: int, **options: bool) -> float:
@@ -27,7 +27,7 @@ def ceiling(arch: str, cifar: bool, size: int, batch: int, **options: bool) -> f
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = True
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    model = build_model(arch, 10 if cifar else 1000, cifar_stem=cifar).to(device, memory_format=memory_format)
+    model = build_torchvision(arch, 10 if cifar else 1000, cifar_stem=cifar).to(device, memory_format=memory_format)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
     images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, device=device)
     labels = torch.randint(0, 10, (batch,), device=device)

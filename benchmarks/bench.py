@@ -18,7 +18,12 @@ Sections, in one invocation on this machine (`--only` picks some, e.g. `--only g
                 cache and from a store that charges 5 ms per file open (benchmarks/storage.py); about 9 minutes;
   decode-cpu, resize-kernels  kernels timed in this process on one thread (benchmarks/kernels.py): CPU JPEG
                 decode, torchvision's against imgtrain's; the crop-and-resize kernels data/batched.py chooses
-                between. About 10 s each on 2 cores.
+                between. About 10 s each on 2 cores;
+  augment-loaders  the training loader's images/s per worker with dataset.augment=rrc_flip, trivialaugment and
+                randaugment on 500x375 JPEGs, against timm 1.0.28's loader with the same policy (its wheel from the
+                peer kit, in a directory of its own), interleaved rounds (benchmarks/recipes.py); about 10 minutes;
+  recipe-cost   the cost per step of mixup/cutmix and of EMA: train.py, ResNet-18 at 32 px on synthetic data, against
+                the same run without them, interleaved rounds (benchmarks/recipes.py); about 7 minutes on 2 cores.
 The GPU sections run only where CUDA is available, otherwise their rows say "not measured". Every GPU row
 measures at least 200 steady-state steps. Every figure comes from a real run's metrics.json (or the bare
 loop's or timm's output, or, for the kernel sections, this process's clock); nothing is estimated. Results go
@@ -48,6 +53,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 import kernels  # noqa: E402  (benchmarks/kernels.py)
+import recipes  # noqa: E402  (benchmarks/recipes.py)
 from storage import storage  # noqa: E402  (benchmarks/storage.py)
 
 from imgtrain.data.datasets import build_shapes  # noqa: E402
@@ -487,6 +493,7 @@ def machine() -> dict:
 
 SECTIONS = ("overhead", "modes", "workers", "breakdown", "checkpoint", "gpu-ceilings", "gpu-jpeg", "storage")
 SECTIONS += ("decode-cpu", "resize-kernels")  # benchmarks/kernels.py
+SECTIONS += ("augment-loaders", "recipe-cost")  # benchmarks/recipes.py
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -544,6 +551,10 @@ def main(argv: list[str] | None = None) -> int:
         report["decode_cpu"] = kernels.decode_cpu(40 if args.quick else 400, 1 if args.quick else 5)
     if "resize-kernels" in only:
         report["resize_kernels"] = kernels.resize_kernels(*((1, 1) if args.quick else (5, 10)))
+    if "augment-loaders" in only:
+        report["augment_loaders"] = recipes.augment_loaders(bench, 1 if args.quick else repeats)
+    if "recipe-cost" in only:
+        report["recipe_cost"] = recipes.recipe_cost(bench, 1 if args.quick else (args.repeats or 3))
     stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M%S")
     json_path = args.json or ROOT / "benchmarks" / "results" / f"{stamp}.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)

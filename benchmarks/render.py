@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 
 import kernels  # benchmarks/kernels.py
+import recipes  # benchmarks/recipes.py
 
 
 def _rate(value: float | None) -> str:
@@ -53,6 +54,7 @@ def render(report: dict, json_path: Path) -> str:
     if "storage" in report:
         lines += _storage(report["storage"])
     lines += kernels.render(report)
+    lines += recipes.render(report)
     lines += [
         "",
         "Each row's command is in the JSON file. Images/s are steady state (after `metrics.skip_first_steps`), summed "

@@ -11,7 +11,7 @@ import os
 import torch
 from torch import nn
 
-from imgtrain.train.model import build_model
+from imgtrain.train.model import build_torchvision
 
 
 class NaNAt(nn.Module):
@@ -28,8 +28,9 @@ class NaNAt(nn.Module):
         return logits * float("nan") if mine and self.count in self.calls else logits
 
 
-def build_nan_model(arch: str, num_classes: int, cifar_stem: bool, zero_init_residual: bool) -> nn.Module:
+def build_nan_model(num_classes: int, **torchvision_keys: object) -> nn.Module:
+    """`torchvision_keys`: the keys of model=torchvision's schema (arch, cifar_stem, ...), passed on."""
     calls = {int(c) for c in os.environ.get("IMGTRAIN_FAULT_NAN_CALLS", "").split(",") if c}
     rank = os.environ.get("IMGTRAIN_FAULT_RANK")
-    net = build_model(arch=arch, num_classes=num_classes, cifar_stem=cifar_stem, zero_init_residual=zero_init_residual)
+    net = build_torchvision(num_classes=num_classes, **torchvision_keys)
     return NaNAt(net, calls, int(rank) if rank else None)

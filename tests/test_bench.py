@@ -53,11 +53,22 @@ def test_quick_benchmark_runs_every_section(tmp_path: Path) -> None:
     assert len(report["resize_kernels"]["rows"]) == 6
     ways = ("v2 per sample", "uint8 resize per image", "roi_align per batch")
     assert all(row[way]["median"] > 0 for row in report["resize_kernels"]["rows"] for way in ways)
+    loaders = {(row["policy"], row["workers"]): row for row in report["augment_loaders"]["rows"]}
+    assert set(loaders) == {("rrc_flip", 1), ("trivialaugment", 1), ("randaugment", 1)}
+    assert all(row["ours"]["median"] > 0 and row["ours_stage_ms"]["decode"] > 0 for row in loaders.values())
+    if report["augment_loaders"]["timm"]["note"] == "measured":  # the peer kit's wheel is there
+        assert all(row["timm"]["median"] > 0 and row["ratio"]["median"] > 0 for row in loaders.values())
+        assert loaders[("randaugment", 1)]["timm_profile_ms"]["RandAugment"] > 0
+    cost = {row["variant"]: row for row in report["recipe_cost"]["rows"]}
+    assert len(cost) == 4 and all(row["step_ms"]["median"] > 0 for row in cost.values())
+    assert cost["baseline"]["ratio"] is None and cost["both"]["ratio"]["median"] > 0
     text = out_md.read_text()
     assert "(quick mode: a smoke test, not figures to quote)" in text and "### (c) Loader throughput" in text
     assert "### (d) GPU" in text and "### (e) GPU" in text and "### Checkpoint cost" in text
     assert "### Cost of the stage breakdown" in text and "### (f) Storage" in text
     assert "### CPU JPEG decode" in text and "### Crop-and-resize kernels" in text
+    assert "### Augmentation policies: our training loader against timm" in text
+    assert "### Cost of mixup/cutmix and EMA per step" in text
 
 
 def test_only_runs_the_sections_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,3 +83,17 @@ def test_only_runs_the_sections_named(tmp_path: Path, monkeypatch: pytest.Monkey
     with pytest.raises(SystemExit) as caught:
         bench.main(["--only", "gpu"])
     assert caught.value.code == 2
+
+
+def test_augment_loaders_without_the_timm_wheel_say_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    recipes = importlib.import_module("recipes")
+    monkeypatch.setenv("IMGTRAIN_TIMM_WHEEL", str(tmp_path / "no-such.whl"))
+    path, why = recipes.install_timm(tmp_path)
+    assert path is None and why.startswith("not measured: no timm wheel at") and "no-such.whl" in why
+    rows = [recipes._loader_row("randaugment", 1, {"ours": [{"images_per_sec": 100.0}], "timm": []})]
+    folder = {"train_files": 60, "size": [160, 120], "kib_per_image": 9.0}
+    result = {"folder": folder, "crop": 64, "batch": 8, "measured_batches": 2, "rounds": 1, "rows": rows}
+    result["timm"] = {"version": "1.0.28", "note": why}
+    text = "\n".join(recipes.render({"augment_loaders": result}))
+    assert why in text and "| randaugment | `rand-m9-n2` | 1 | 100 (100-100) | — | — | 100 | — | — |" in text

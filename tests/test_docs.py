@@ -9,7 +9,7 @@ from pathlib import Path
 
 from helpers import ROOT
 
-from imgtrain.config import reference
+from imgtrain.config import reference, val_metrics
 from imgtrain.config.renamed_keys import MOVED_KEYS
 from imgtrain.config.schema import Config, DataConfig
 from imgtrain.metrics.summary import FIELDS
@@ -82,8 +82,17 @@ def test_source_comments_cite_only_documents_in_the_repository() -> None:
 
 
 def test_the_metrics_json_table_lists_every_field_in_order() -> None:
-    table = _table_after(_page("measurements.md"), "**`metrics.json`.** Every field")
+    """The fields come from RunSummary, its validation fields from the list of what validation computes
+    (config/val_metrics.py): each of their rows says what its entry says, and each entry's TensorBoard tags are in
+    the tags table."""
+    page = _page("measurements.md")
+    table = _table_after(page, "**`metrics.json`.** Every field")
     assert list(table) == list(FIELDS)
+    for name, said in val_metrics.summary_docs().items():
+        assert said in table[name], f"docs/measurements.md's row of {name} should say: {said}"
+    tags = page.split("**`metrics.json`.**")[0]  # the TensorBoard table above it
+    for metric in val_metrics.VAL_METRICS:
+        assert all(f"`{val_metrics.tag(metric, ema)}`" in tags for ema in (False, True)), metric.key
 
 
 def _relative_links(path: Path) -> list[str]:

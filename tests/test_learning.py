@@ -36,7 +36,7 @@ def test_resnet_learns_digits_through_imagefolder(digits_root: Path, tmp_path: P
         "dataset.image_size=32",
         "dataset.val_resize=32",
         "dataset.val_fraction=0.2",
-        "dataset.augment=false",  # flips would turn some digits into others
+        "dataset.augment=none",  # flips would turn some digits into others
         "model=resnet18",
         "optim=adamw",
         "data.batch_size=64",

@@ -1,4 +1,4 @@
-"""The update: the LR schedule (PyTorch's SequentialLR) and weight-decay groups."""
+"""The update: the warm-up-then-cosine LR schedule (PyTorch's SequentialLR) and weight-decay groups."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from imgtrain.train.step import param_groups, warmup_cosine
+from imgtrain.train.schedules import warmup_cosine
+from imgtrain.train.step import param_groups
 
 
 def _closed_form(step: int, warmup: int, total: int) -> float:
@@ -21,7 +22,7 @@ def _closed_form(step: int, warmup: int, total: int) -> float:
 def test_lr_warms_up_linearly_then_follows_a_cosine(warmup: int, total: int) -> None:
     weight = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([weight], lr=1.0)
-    scheduler = warmup_cosine(optimizer, warmup, total)
+    scheduler = warmup_cosine(optimizer, steps_per_epoch=1, total_steps=total, warmup_epochs=warmup)
     for step in range(total):
         assert optimizer.param_groups[0]["lr"] == pytest.approx(_closed_form(step, warmup, total), abs=1e-12), step
         optimizer.step()

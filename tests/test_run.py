@@ -70,7 +70,7 @@ def test_optimized_metric_is_returned(tmp_path: Path) -> None:
 
 
 def test_label_smoothing_and_adamw(tmp_path: Path) -> None:
-    _, metrics = _run(tmp_path, "optim=adamw", "train.label_smoothing=0.1", "train.max_steps=3")
+    _, metrics = _run(tmp_path, "optim=adamw", "loss.label_smoothing=0.1", "train.max_steps=3")
     assert metrics["steps"] == 3 and math.isfinite(metrics["val_loss"])
 
 

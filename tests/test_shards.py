@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -281,3 +282,41 @@ def test_the_same_bucket_path_on_two_object_stores_is_staged_apart(tmp_path: Pat
         busy = pytest.raises(ConfigError, match="another imgtrain-shards is converting into it")
         with busy, staging.staging("s3://b/x", "http://127.0.0.1:9000"):
             pass
+
+
+def csv_lists(source: Path, lists: Path) -> dict[str, list[Path]]:
+    """train.csv and val.csv in `lists`, every 4th image of `source`'s splits (64 and 16), paths relative to them."""
+    lists.mkdir()
+    picked = {split: sorted((source / split).rglob("*.jpg"))[::4] for split in ("train", "val")}
+    for split, paths in picked.items():
+        rows = [f"{os.path.relpath(p, lists)},{p.parent.name}" for p in paths]
+        (lists / f"{split}.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+    return picked
+
+
+def test_a_csv_source_packs_its_rows_with_their_labels(source: Path, tmp_path: Path, capsys) -> None:
+    lists = tmp_path / "lists"
+    picked = csv_lists(source, lists)
+    assert pack(lists / "train.csv", tmp_path / "out") == 2  # a CSV needs its validation split's CSV too
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "needs the validation split's CSV too" in err and "--val <val.csv>" in err
+    assert pack(lists / "train.csv", tmp_path / "out", "--val", str(lists / "val.csv")) == 0
+    manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
+    classes = sorted({p.parent.name for p in picked["train"]})
+    assert manifest["classes"] == classes and manifest["source"]["layout"] == "CSV files"
+    for split, paths in picked.items():
+        stored = {(lists / r["path"]).resolve(): r for r in records(tmp_path / "out", split)}
+        assert set(stored) == {p.resolve() for p in paths}  # the CSV's rows, each path as written, under its folder
+        for path in paths:
+            record = stored[path.resolve()]
+            assert bytes(record["image"]) == path.read_bytes() and record["label"] == classes.index(path.parent.name)
+
+
+@pytest.mark.slow  # a conversion and a run: 7 to 12 s on the 2-core machine
+def test_shards_packed_from_a_csv_train(source: Path, tmp_path: Path) -> None:
+    csv_lists(source, tmp_path / "lists")
+    train, val = tmp_path / "lists" / "train.csv", tmp_path / "lists" / "val.csv"
+    assert pack(train, tmp_path / "out", "--val", str(val)) == 0
+    run(compose_cfg(*shards_args(tmp_path / "out"), "train.max_steps=2", output_dir=str(tmp_path / "run")))
+    metrics = read_metrics(tmp_path / "run")
+    assert metrics["steps"] == 2 and metrics["val_count"] == 16 and metrics["dataset"] == "shards"

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from omegaconf import MISSING
 
-from imgtrain.config.fields import Choice, at_least, checked
+from imgtrain.config.fields import AugmentOn, Choice, at_least, checked
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
@@ -48,6 +48,28 @@ class DatasetConfig:
     # per image, the chance of one random rectangle filled with the mean (torchvision's RandomErasing), per batch
     random_erasing: float = checked(0.0, _probability)
     extra: ClassVar[str | None] = None  # the optional engine it needs: imgtrain[<extra>] (host/optional.py)
+
+    def augment_conflict(self, augment_on: AugmentOn, device_resident: bool) -> str | None:
+        """Why dataset.augment or random_erasing cannot run where the data keys put it (one line), else None. A policy
+        needs the crop in the workers; device-resident data and GPU decoding only crop and flip."""
+        policy = self.augment not in (AugmentPolicy.none, AugmentPolicy.rrc_flip)
+        asked = f"dataset.augment={self.augment}" if policy else f"dataset.random_erasing={self.random_erasing:g}"
+        if policy and augment_on == AugmentOn.device:
+            return (
+                f"data.augment_on=device does not combine with {asked}: its operations run per image on the crop, "
+                "in the workers. Use data.augment_on=auto or workers (or dataset.augment=rrc_flip, which with "
+                "dataset.random_erasing can run on the device)"
+            )
+        if not policy and self.random_erasing == 0:
+            return None
+        plain = "or dataset.augment=rrc_flip dataset.random_erasing=0"
+        if device_resident:
+            return (
+                f"data.device_resident=true crops and flips only, not {asked}: use data.device_resident=false, {plain}"
+            )
+        if getattr(self, "decode", Decode.cpu) == Decode.cuda:
+            return f"dataset.decode=cuda crops and flips on the GPU only, not {asked}: use dataset.decode=cpu, {plain}"
+        return None
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""Keys of the former `trainer` group: where each one went when it was split by concern, for the one line
-that names an old key's new place. `fields` → `renamed_keys` → `schema`."""
+"""Keys that moved: those of the former `trainer` group, split by concern, and the recipe's keys that became the
+loss and schedule groups; each gets the one line that names its new place. `fields` → `renamed_keys` → `schema`."""
 
 from __future__ import annotations
 
@@ -23,9 +23,18 @@ MOVED_KEYS = {
     "trainer.dist_timeout_s": "faults.dist_timeout_s",
 }
 
+# The recipe's keys that became groups of their own (the loss and the LR schedule are chosen by `_target_` now).
+RECIPE_MOVES = {
+    "train.label_smoothing": "loss.label_smoothing",
+    "train.lr_warmup_epochs": "schedule.warmup_epochs",
+}
+
 
 def moved_key_line(message: str) -> str | None:
-    """The line for an error that names a key of the former `trainer` group (its new place), else None."""
+    """The line for an error that names a key that moved (its new place), else None."""
+    recipe = next((old for old in RECIPE_MOVES if re.search(rf"(?<![\w.]){re.escape(old)}\b", message)), None)
+    if recipe is not None:
+        return f"{recipe} is now {RECIPE_MOVES[recipe]} (the loss and the LR schedule are groups: loss=, schedule=)"
     names = re.findall(r"(?<![\w.])trainer(?:\.(\w+))?", message)
     if not names:
         return None

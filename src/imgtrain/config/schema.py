@@ -8,12 +8,14 @@ the config as these dataclasses. The YAML files in conf/ only choose between sch
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import multiprocessing
 import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from torch.utils.data import DataLoader
@@ -29,7 +31,8 @@ from imgtrain.config.datasets import (
     SyntheticConfig,
 )
 from imgtrain.config.fields import AUTO, TUNE, AugmentOn, Choice, at_least, auto_or_bool, checked, is_int
-from imgtrain.config.renamed_keys import moved_key_line
+from imgtrain.config.renamed_keys import RECIPE_MOVES, moved_key_line
+from imgtrain.config.val_metrics import objectives
 from imgtrain.resilience.errors import ConfigError
 
 
@@ -85,15 +88,12 @@ class BestOf(Choice):
     ema = "ema"  # their exponential moving average, by its val_acc_ema
 
 
-class Metric(Choice):
-    """Keys of metrics.json that `run` can return to a sweeper."""
+# The keys of metrics.json that `run` can return to a sweeper: validation's (config/val_metrics.py), and speed's
+OBJECTIVES = (*objectives(), "images_per_sec", "data_wait_frac", "step_time_ms")
 
-    val_acc = "val_acc"
-    best_val_acc = "best_val_acc"
-    val_loss = "val_loss"
-    images_per_sec = "images_per_sec"
-    data_wait_frac = "data_wait_frac"
-    step_time_ms = "step_time_ms"
+
+def _objective(value: Any) -> str | None:
+    return None if value in OBJECTIVES else f"expected one of {', '.join(OBJECTIVES)}"
 
 
 # ----------------------------------------------------------------------------- data (the DataLoader)
@@ -333,7 +333,7 @@ class Config:
     metrics: MetricsConfig = MISSING
     faults: FaultsConfig = MISSING
     mode: Mode = Mode.train
-    optimized_metric: Metric = Metric.val_acc  # what run() returns to a sweeper: a key of metrics.json
+    optimized_metric: Any = checked("val_acc", _objective)  # what run() returns to a sweeper: a key of metrics.json
     # A sweep dimension that changes nothing: `-m repeat=0,1 data.num_workers=0,2` runs each setting twice,
     # interleaved (the first key varies slowest); the sweep report pools the repeats and measures the drift.
     repeat: int = checked(0, at_least(0))
@@ -395,6 +395,9 @@ def _check_across_fields(settings: Config) -> None:
     ds = settings.dataset
     if len(ds.mean) != 3 or len(ds.std) != 3 or min(ds.std) <= 0:
         raise ConfigError("dataset.mean and dataset.std must each hold 3 values, with std > 0")
+    augment_conflict = ds.augment_conflict(settings.data.augment_on, settings.data.device_resident)
+    if augment_conflict:
+        raise ConfigError(augment_conflict)
     if isinstance(ds, ImageFolderConfig):
         if not ds.root:
             raise ConfigError("dataset.root is required with dataset=imagefolder: pass dataset.root=/path/to/images")
@@ -411,12 +414,67 @@ def _check_across_fields(settings: Config) -> None:
         and not os.path.isdir(os.path.expanduser(ds.root))
     ):
         raise ConfigError(f"dataset.root={ds.root} is not a directory: point it at what imgtrain-shards wrote")
+    for key in ("train", "val") if isinstance(ds, CsvConfig) else ():  # each split's CSV (data/csv_rows.py)
+        file = getattr(ds, key)
+        if not file or not os.path.isfile(os.path.expanduser(file)):
+            given = f"dataset.{key}={file} is not a file" if file else f"dataset.{key} is required with dataset=csv"
+            raise ConfigError(f"{given}: pass dataset.{key}=<a CSV or TSV of image path and label, one row per image>")
     system = settings.system
     if system.compile and system.compile_mode.records_cuda_graphs and not settings.data.drop_last:
         raise ConfigError(
             f"system.compile_mode={system.compile_mode.name} records CUDA graphs for one batch shape, and "
             "data.drop_last=false gives the last batch of each epoch another: use data.drop_last=true, or "
             "system.compile_mode=default"
+        )
+
+
+# ----------------------------------------------------------------------------- the recipe's `_target_`s
+def _target(path: Any) -> Any:
+    """What a `_target_` names, or None where it does not import."""
+    module, _, name = str(path).rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def _keys(node: Any) -> dict[str, Any]:
+    """A group's keys: its schema's fields, or a fork's file without one (a dict)."""
+    return {spec.name: getattr(node, spec.name) for spec in fields(node)} if is_dataclass(node) else dict(node or {})
+
+
+def _check_recipe(settings: Config) -> None:
+    """optim names any torch.optim optimizer, with its lr and only its arguments; loss and schedule name what
+    imports; checkpoint.best_of=ema has an EMA to follow; no key that moved was added back (`+train.label_smoothing`
+    composes: OmegaConf adds a `+` key to a schema's node)."""
+    for old in RECIPE_MOVES:
+        if hasattr(getattr(settings, old.split(".")[0]), old.split(".")[1]):
+            raise ConfigError(moved_key_line(old))
+    optim = _keys(settings.optim)
+    target, made_here = optim.get("_target_"), ("_target_", "scale_lr_with_batch")  # the latter: build_step's
+    cls = _target(target)
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+        raise ConfigError(
+            f"optim._target_={target} is not a torch.optim optimizer: name its class, e.g. "
+            "optim._target_=torch.optim.RMSprop (optim=sgd and optim=adamw are ready-made)"
+        )
+    if optim.get("lr") in (None, MISSING):
+        raise ConfigError(f"optim.lr is required with optim._target_={target}: pass optim.lr=<the base learning rate>")
+    taken = [name for name in inspect.signature(cls).parameters if name != "params"]
+    unknown = [key for key in optim if key not in taken and key not in made_here]
+    if unknown:
+        raise ConfigError(
+            f"optim.{unknown[0]} is not an argument of {target} (it takes {', '.join(taken)}): an optimizer with "
+            "other arguments gets a file of its own, conf/optim/<name>.yaml, naming its `_target_` and its keys"
+        )
+    for group in ("loss", "schedule"):
+        target = _keys(getattr(settings, group)).get("_target_")
+        if not callable(_target(target)):
+            raise ConfigError(f"{group}._target_={target} does not import: name a class or function (conf/{group}/)")
+    if settings.checkpoint.best_of == BestOf.ema and settings.train.ema_decay is None:
+        raise ConfigError(
+            "checkpoint.best_of=ema needs an EMA to follow: set train.ema_decay (e.g. 0.9999), or use "
+            "checkpoint.best_of=model"
         )
 
 
@@ -459,4 +517,5 @@ def validate(cfg: DictConfig) -> Config:
         raise ConfigError(str(err).splitlines()[0]) from err
     _check_fields(settings, "")
     _check_across_fields(settings)
+    _check_recipe(settings)
     return settings

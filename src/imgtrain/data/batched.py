@@ -5,7 +5,8 @@ Per sample, only what must be: reading and decoding the file. The random draws a
 sample's seed (SplitMix64, in NumPy for the whole batch): no generator is seeded per sample, the result does not
 depend on the batch or the worker, and a resumed epoch draws the same boxes. The boxes follow RandomResizedCrop's
 algorithm (up to 10 tries of a scale and a log-uniform aspect ratio, then the centre crop), with other random
-numbers than torchvision's generator would give.
+numbers than torchvision's generator would give. A policy (dataset.augment) and random erasing follow the crop:
+data/policies.py.
 
 The resize, measured per image on one core of the 2-core development machine (`benchmarks/bench.py --only
 resize-kernels`, BENCHMARKS.md, 2026-11-24 20:50):
@@ -19,7 +20,7 @@ resize-kernels`, BENCHMARKS.md, 2026-11-24 20:50):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -28,10 +29,13 @@ import torchvision.transforms.v2.functional as F
 from torchvision.ops import roi_align
 from torchvision.transforms import v2
 
+from imgtrain.data.policies import RESIZING, ErasingSpec, apply_policy, erasing_of, uniforms
+
 MAX_TRIES = 10  # RandomResizedCrop's attempts at a box inside the image before it falls back to the centre crop
 ROI_ALIGN_MAX_SIDE = 40  # px: up to here one roi_align call for a group of same-size images beats a call per image
 DRAWS = 2 * MAX_TRIES + 3  # uniforms per sample: scale and ratio per try, top, left, flip
 CIFAR_PAD = 4  # pixels of zero padding before the random crop (the CIFAR recipe)
+CROPS = (v2.RandomResizedCrop, v2.Resize, v2.CenterCrop)  # the head a CropSpec describes
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class CropSpec:
 
     Training: RandomResizedCrop to `size` (`scale`, `ratio`), then a horizontal flip with probability `flip_p`.
     Evaluation (`scale` None): resize the short side to `resize` (None: both sides to `size`), centre crop `size`.
+    Then the `policy` transforms, per sample (dataset.augment: TrivialAugmentWide, ...), and random `erasing`, per
+    batch (data/policies.py).
     """
 
     size: int
@@ -47,13 +53,29 @@ class CropSpec:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip_p: float = 0.0
     resize: int | None = None
+    policy: tuple[Any, ...] = ()
+    erasing: ErasingSpec | None = None
 
 
 def spec_of(transform: Any) -> CropSpec | None:
     """The CropSpec of the transforms built in data/datasets.py (bilinear, antialiased), else None: any other
-    transform keeps the per-sample path."""
+    transform keeps the per-sample path. The head is the crop (and resize), then an optional flip; what follows is
+    the policy, then a trailing v2.RandomErasing with a constant fill."""
     steps = list(transform.transforms) if isinstance(transform, v2.Compose) else [transform]
-    flip_p = steps.pop().p if steps and isinstance(steps[-1], v2.RandomHorizontalFlip) else 0.0
+    erasing = erasing_of(steps[-1]) if len(steps) > 1 and isinstance(steps[-1], v2.RandomErasing) else None
+    if erasing is not None:
+        steps.pop()
+    head = next((i for i, step in enumerate(steps) if not isinstance(step, CROPS)), len(steps))
+    flip = head < len(steps) and isinstance(steps[head], v2.RandomHorizontalFlip)
+    policy = tuple(steps[head + flip :])
+    crop = _crop_spec(steps[:head], steps[head].p if flip else 0.0)
+    if crop is None or any(isinstance(step, (*RESIZING, v2.Compose)) for step in policy):
+        return None  # a nested Compose may hide a resize: per sample
+    return replace(crop, policy=policy, erasing=erasing)
+
+
+def _crop_spec(steps: list[Any], flip_p: float) -> CropSpec | None:
+    """The crop head's CropSpec: RandomResizedCrop, a square Resize, or Resize then CenterCrop."""
     if not all(_bilinear(step) for step in steps if isinstance(step, v2.RandomResizedCrop | v2.Resize)):
         return None
     if len(steps) == 1 and isinstance(steps[0], v2.RandomResizedCrop) and _square(steps[0].size):
@@ -80,17 +102,6 @@ def _bilinear(step: Any) -> bool:
 
 def _square(size: Any) -> bool:
     return size is not None and len(size) in (1, 2) and size[0] == size[-1]
-
-
-def uniforms(seeds: np.ndarray, count: int) -> np.ndarray:
-    """[len(seeds), count] uniforms in [0, 1), each row a function of its seed alone (SplitMix64 of seed and k)."""
-    with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design
-        x = seeds.astype(np.uint64)[:, None] * np.uint64(0x9E3779B97F4A7C15) + np.arange(1, count + 1, dtype=np.uint64)
-        x = x * np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
 def random_boxes(heights: np.ndarray, widths: np.ndarray, draws: np.ndarray, spec: CropSpec) -> np.ndarray:
@@ -125,15 +136,18 @@ def _centre_boxes(heights: np.ndarray, widths: np.ndarray, ratio: tuple[float, f
 
 def augment_batch(images: list[torch.Tensor], seeds: np.ndarray | None, spec: CropSpec) -> list[torch.Tensor]:
     """uint8 images [3, H, W] of any sizes -> uint8 [3, size, size] each: cropped and resized as `spec` says, flipped
-    where each seed's draw says (`seeds` may be None for a spec without randomness). A list, which collate stacks
-    into shared memory: the images are copied once, there."""
+    where each seed's draw says (`seeds` may be None for a spec without randomness), then through the spec's policy,
+    per sample (data/policies.py). A list, which collate stacks into shared memory: the images are copied once,
+    there; random erasing is applied there, to the stacked batch (`collate`)."""
     random = spec.scale is not None or spec.flip_p > 0
     draws = uniforms(seeds, DRAWS) if random else None
     flips = draws[:, -1] < spec.flip_p if spec.flip_p > 0 else np.zeros(len(images), dtype=bool)
     if spec.scale is None:
         out = [_evaluation_crop(image, spec) for image in images]
-        return [image.flip(-1) if flip else image for image, flip in zip(out, flips, strict=True)]
-    return _crop_resize_flip(images, image_boxes(images, draws, spec), flips, spec.size)
+        out = [image.flip(-1) if flip else image for image, flip in zip(out, flips, strict=True)]
+    else:
+        out = _crop_resize_flip(images, image_boxes(images, draws, spec), flips, spec.size)
+    return apply_policy(out, seeds, spec.policy)
 
 
 def image_boxes(images: list[torch.Tensor], draws: np.ndarray, spec: CropSpec) -> np.ndarray:

@@ -11,7 +11,16 @@ import torch
 from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.transforms import v2
 
-from imgtrain.data.datasets import DatasetBundle, TensorImageDataset, square_resize, triple
+from imgtrain.config.datasets import AugmentPolicy
+from imgtrain.data.datasets import (
+    DatasetBundle,
+    TensorImageDataset,
+    augment_policy,
+    policy_steps,
+    square_resize,
+    triple,
+    with_steps,
+)
 from imgtrain.resilience.errors import ConfigError
 
 DOWNLOAD_TIMEOUT_S = 20.0  # socket timeout for the CIFAR download, so an offline machine fails fast
@@ -22,23 +31,40 @@ CIFAR_FILES = {
 
 
 def build_cifar(
-    name: str, image_size: int, mean: Any, std: Any, augment: bool, root: str, download: bool
+    name: str,
+    image_size: int,
+    mean: Any,
+    std: Any,
+    augment: str | bool,
+    root: str,
+    download: bool,
+    randaugment_ops: int = 2,
+    randaugment_magnitude: int = 9,
+    random_erasing: float = 0.0,
 ) -> DatasetBundle:
-    """torchvision's CIFAR-10/100 as uint8 tensors; a one-line ConfigError when the files are missing."""
+    """torchvision's CIFAR-10/100 as uint8 tensors; a one-line ConfigError when the files are missing.
+
+    Training: the CIFAR recipe's padded random crop and flip (batched, data/batched.py), then the policy of
+    dataset.augment and random erasing (per sample: with either, the whole transform runs per sample)."""
     if name not in CIFAR_FILES:
         raise ConfigError(f"dataset.name={name} is invalid: accepted values are cifar10, cifar100")
     root = os.path.abspath(os.path.expanduser(root))
     train_set, val_set = (_load_cifar(name, root, train, download) for train in (True, False))
     resize = [] if image_size == 32 else [square_resize(image_size)]
-    train_tf = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(), *resize]) if augment else None
     val_tf = resize[0] if resize else None
+    keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
+    tail = policy_steps(augment, random_erasing=random_erasing, mean=mean, **keys)
+    if augment_policy(augment) == AugmentPolicy.none:
+        train_tf = with_steps(val_tf, tail)
+    else:
+        train_tf = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(), *resize, *tail])
 
     def wrap(ds: CIFAR10, transform: Any) -> TensorImageDataset:
         images = torch.from_numpy(np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2)))  # NHWC -> NCHW
         return TensorImageDataset(images, np.asarray(ds.targets), ds.classes, transform)
 
     return DatasetBundle(
-        train=wrap(train_set, train_tf or val_tf),
+        train=wrap(train_set, train_tf),
         val=wrap(val_set, val_tf),
         num_classes=len(train_set.classes),
         image_size=image_size,

@@ -18,6 +18,7 @@ import torchvision.transforms.v2.functional as F
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
+from imgtrain.config.datasets import IMAGENET_MEAN, AugmentPolicy
 from imgtrain.data import batched, decoders, shapes, stages
 from imgtrain.data.decoders import DECODE_ERRORS, decode_bytes, error_reason, read_file
 from imgtrain.data.folders import folder_splits, list_images
@@ -47,11 +48,65 @@ class DatasetBundle:
 
 
 # ----------------------------------------------------------------------------- transforms
-def train_transform(image_size: int, min_scale: float = 0.35) -> v2.Compose:
-    """Random crop of min_scale-100% of the area resized to image_size, then a random horizontal flip."""
-    return v2.Compose(
-        [v2.RandomResizedCrop(image_size, scale=(min_scale, 1.0), antialias=True), v2.RandomHorizontalFlip()]
+def augment_policy(augment: str | bool) -> AugmentPolicy:
+    """dataset.augment as an AugmentPolicy. A bool is the former key's value, from code that builds a dataset
+    directly: true is rrc_flip, false none."""
+    if isinstance(augment, bool):
+        return AugmentPolicy.rrc_flip if augment else AugmentPolicy.none
+    return AugmentPolicy(augment)
+
+
+def policy_steps(
+    augment: str | bool,
+    *,
+    randaugment_ops: int = 2,
+    randaugment_magnitude: int = 9,
+    random_erasing: float = 0.0,
+    mean: Any = IMAGENET_MEAN,
+) -> list[Any]:
+    """What follows the crop and flip, on the uint8 crop, in torchvision's classification reference's order: the
+    policy of `augment`, then RandomErasing with the dataset's mean (in 0..255 levels: after normalisation, about
+    0, what the reference gets by erasing with 0 after Normalize)."""
+    augment = augment_policy(augment)
+    steps: list[Any] = []
+    if augment == AugmentPolicy.trivialaugment:
+        steps.append(v2.TrivialAugmentWide())
+    elif augment == AugmentPolicy.randaugment:
+        steps.append(v2.RandAugment(num_ops=randaugment_ops, magnitude=randaugment_magnitude))
+    elif augment == AugmentPolicy.autoaugment:
+        steps.append(v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET))
+    if random_erasing > 0:
+        steps.append(v2.RandomErasing(p=random_erasing, value=mean_levels(mean)))
+    return steps
+
+
+def mean_levels(mean: Any) -> list[int]:
+    """The mean (0..1 units) as the uint8 levels a worker can write."""
+    return [round(255 * float(m)) for m in mean]
+
+
+def train_transform(
+    image_size: int,
+    min_scale: float = 0.35,
+    *,
+    augment: str | bool = AugmentPolicy.rrc_flip,
+    randaugment_ops: int = 2,
+    randaugment_magnitude: int = 9,
+    random_erasing: float = 0.0,
+    mean: Any = IMAGENET_MEAN,
+) -> v2.Compose:
+    """Random crop of min_scale-100% of the area resized to image_size, a random horizontal flip, then the policy of
+    `augment` and random erasing (`policy_steps`). The crop and flip run batched, the policy per sample after them,
+    the erasing per batch (data/batched.py, data/policies.py)."""
+    tail = policy_steps(
+        augment,
+        randaugment_ops=randaugment_ops,
+        randaugment_magnitude=randaugment_magnitude,
+        random_erasing=random_erasing,
+        mean=mean,
     )
+    crop = v2.RandomResizedCrop(image_size, scale=(min_scale, 1.0), antialias=True)
+    return v2.Compose([crop, v2.RandomHorizontalFlip(), *tail])
 
 
 def eval_transform(image_size: int, resize: int | None = None) -> v2.Compose:
@@ -59,10 +114,38 @@ def eval_transform(image_size: int, resize: int | None = None) -> v2.Compose:
     return v2.Compose([v2.Resize(resize or int(image_size / 0.875), antialias=True), v2.CenterCrop(image_size)])
 
 
-def imagenet_transforms(image_size: int, val_resize: int | None, augment: bool) -> tuple[Any, Any]:
-    """(training, validation) transforms of the ImageNet-style datasets (imagefolder, shards)."""
+def imagenet_transforms(
+    image_size: int,
+    val_resize: int | None,
+    augment: str | bool,
+    *,
+    randaugment_ops: int = 2,
+    randaugment_magnitude: int = 9,
+    random_erasing: float = 0.0,
+    mean: Any = IMAGENET_MEAN,
+) -> tuple[Any, Any]:
+    """(training, validation) transforms of the ImageNet-style datasets (imagefolder, shards, csv, custom).
+    augment=none trains on the validation transform (then random erasing, if asked)."""
+    keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
     val_tf = eval_transform(image_size, val_resize)
-    return (train_transform(image_size) if augment else val_tf), val_tf
+    train_tf = training_transform(image_size, val_tf, augment, random_erasing=random_erasing, mean=mean, **keys)
+    return train_tf, val_tf
+
+
+def training_transform(size: int, untouched: Any, augment: str | bool, min_scale: float = 0.35, **keys: Any) -> Any:
+    """`train_transform` with `keys` (policy_steps'), or with augment=none the `untouched` transform (the
+    validation one), followed by random erasing when asked."""
+    if augment_policy(augment) == AugmentPolicy.none:
+        return with_steps(untouched, policy_steps(augment, **keys))
+    return train_transform(size, min_scale, augment=augment, **keys)
+
+
+def with_steps(transform: Any, steps: list[Any]) -> Any:
+    """`transform` (a Compose, one transform or None) followed by `steps`; itself when there are none."""
+    if not steps:
+        return transform
+    head = list(transform.transforms) if isinstance(transform, v2.Compose) else [] if transform is None else [transform]
+    return v2.Compose([*head, *steps])
 
 
 def square_resize(image_size: int) -> v2.Resize:
@@ -207,11 +290,14 @@ def build_shapes(
     image_size: int,
     mean: Any,
     std: Any,
-    augment: bool,
+    augment: str | bool,
     root: str,
     num_train: int,
     num_val: int,
     seed: int,
+    randaugment_ops: int = 2,
+    randaugment_magnitude: int = 9,
+    random_erasing: float = 0.0,
 ) -> DatasetBundle:
     """The default dataset: shapes generated once as JPEGs, then read like any image folder."""
     # before generating: the generator writes with PIL, training decodes
@@ -221,7 +307,9 @@ def build_shapes(
     train_paths, train_labels, classes = list_images(os.path.join(base, "train"), class_to_idx)
     val_paths, val_labels, _ = list_images(os.path.join(base, "val"), class_to_idx)
     # Milder crops than ImageNet's: one object fills the frame, and a small crop could cut it out.
-    train_tf = train_transform(image_size, min_scale=0.6) if augment else square_resize(image_size)
+    keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
+    keys |= {"random_erasing": random_erasing, "mean": mean}
+    train_tf = training_transform(image_size, square_resize(image_size), augment, min_scale=0.6, **keys)
     return DatasetBundle(
         train=ImageFileDataset(train_paths, train_labels, classes, train_tf),
         val=ImageFileDataset(val_paths, val_labels, classes, square_resize(image_size)),
@@ -239,22 +327,27 @@ def build_synthetic(
     image_size: int,
     mean: Any,
     std: Any,
-    augment: bool,
+    augment: str | bool,
     num_train: int,
     num_val: int,
     num_classes: int,
     seed: int,
+    randaugment_ops: int = 2,
+    randaugment_magnitude: int = 9,
+    random_erasing: float = 0.0,
 ) -> DatasetBundle:
-    """Random uint8 images and labels held in memory: measures compute without any decode cost."""
+    """Random uint8 images and labels held in memory: measures compute without any decode cost. No crop or flip; a
+    policy and random erasing (dataset.augment, dataset.random_erasing) apply per sample, to time them alone."""
     gen = torch.Generator().manual_seed(seed)
     classes = [f"class_{i}" for i in range(num_classes)]
 
-    def make(n: int) -> TensorImageDataset:
+    def make(n: int, transform: Any = None) -> TensorImageDataset:
         images = torch.randint(0, 256, (n, 3, image_size, image_size), generator=gen, dtype=torch.uint8)
         labels = torch.randint(0, num_classes, (n,), generator=gen).numpy()
-        return TensorImageDataset(images, labels, classes)
+        return TensorImageDataset(images, labels, classes, transform)
 
-    train = make(num_train)
+    keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
+    train = make(num_train, with_steps(None, policy_steps(augment, random_erasing=random_erasing, mean=mean, **keys)))
     return DatasetBundle(train, make(num_val), num_classes, image_size, triple(mean), triple(std), name, classes)
 
 
@@ -263,12 +356,15 @@ def build_imagefolder(
     image_size: int,
     mean: Any,
     std: Any,
-    augment: bool,
+    augment: str | bool,
     root: str | None,
     val_fraction: float,
     split_seed: int,
     val_resize: int | None,
     decode: str = "cpu",
+    randaugment_ops: int = 2,
+    randaugment_magnitude: int = 9,
+    random_erasing: float = 0.0,
 ) -> DatasetBundle:
     """root/train/<class>/* and root/val/<class>/*, or root/<class>/* split by val_fraction.
 
@@ -276,7 +372,10 @@ def build_imagefolder(
     """
     root = os.path.abspath(os.path.expanduser(root))
     (train_paths, train_labels), (val_paths, val_labels), classes = folder_splits(root, val_fraction, split_seed)
-    train_tf, val_tf = imagenet_transforms(image_size, val_resize, augment)
+    keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
+    train_tf, val_tf = imagenet_transforms(
+        image_size, val_resize, augment, random_erasing=random_erasing, mean=triple(mean), **keys
+    )
     if decode != "cuda":  # nvJPEG decodes on the GPU: no CPU decoder needed
         decoders.check(f"dataset={name}", alternative="use dataset.decode=cuda on a GPU")
     files = EncodedFileDataset if decode == "cuda" else ImageFileDataset

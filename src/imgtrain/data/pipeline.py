@@ -13,7 +13,7 @@ import torch
 from hydra.utils import instantiate
 from torch.utils.data import DataLoader
 
-from imgtrain.config.datasets import Decode
+from imgtrain.config.datasets import AugmentPolicy, Decode
 from imgtrain.config.schema import Config, DataConfig, Mode
 from imgtrain.data.datasets import DatasetBundle
 from imgtrain.data.failures import stop_workers
@@ -263,7 +263,7 @@ def build_data(
             device=device,
             workers=train_plan.kwargs["num_workers"],
             start_method=train_plan.kwargs.get("multiprocessing_context"),
-            augment=settings.dataset.augment,
+            augment=settings.dataset.augment != AugmentPolicy.none,  # crop and flip (validate refuses a policy)
             max_bad_samples=settings.data.max_bad_samples,
         )
     feed = Feed.build(

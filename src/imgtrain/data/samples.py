@@ -3,8 +3,9 @@
 `GuardedSamples` wraps a Dataset: it seeds each sample's augmentation, handles unreadable files (replaced in
 training, dropped in validation) and, when the DataLoader asks for a whole batch (`__getitems__`), decodes each
 sample on its own and leaves it Uncropped. `collate` crops, resizes and flips the batch in one call
-(data/batched.py), or leaves that to the device (RawBatch, data/resample.py), and makes the `Batch` the loop
-receives, with the unreadable files and the stage times.
+(data/batched.py), then runs the policy per sample and random erasing on the stacked batch (data/policies.py), or
+leaves the crop and erasing to the device (RawBatch, data/resample.py), and makes the `Batch` the loop receives,
+with the unreadable files and the stage times (all of it the `augment` stage's).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate, get_worker_info
+from torch.utils.data import Dataset, default_collate
 
 from imgtrain.config.fields import AugmentOn
-from imgtrain.data import batched, resample, stages
+from imgtrain.data import batched, policies, resample, stages
 from imgtrain.data.datasets import CorruptSampleError
 from imgtrain.data.jpeg import EncodedBatch, EncodedJpeg
+from imgtrain.data.policies import seeded
 
 # data.augment_on=auto: a batch of one image size goes to the device uncropped when its images hold at most this
 # many times the pixels of the crops: up to 2x the crops' bytes through shared memory, pinning and PCIe, for a
@@ -70,12 +72,16 @@ class RawImage(NamedTuple):
 
 class RawBatch(NamedTuple):
     """A batch of RawImages: uint8 [B, 3, H, W] (each image cut to the window its plan reaches, padded to the
-    batch's largest at the top left: resample.window_canvas), the plans [B, 11] and the output side. It moves like
-    a tensor (`to`, `record_stream`); `resampled` crops it there."""
+    batch's largest at the top left: resample.window_canvas), the plans [B, 11] and the output side; with random
+    erasing, each crop's box [B, 4] (top, left, height, width; 0 x 0: none) and the fill in uint8 levels, drawn in
+    the worker from the seeds (data/policies.py). It moves like a tensor (`to`, `record_stream`); `resampled` crops
+    (and erases) it there."""
 
     images: torch.Tensor
     plan: torch.Tensor
     size: int
+    erase: torch.Tensor | None = None
+    fill: tuple[float, ...] = ()
 
     @property
     def device(self) -> torch.device:
@@ -83,41 +89,56 @@ class RawBatch(NamedTuple):
 
     def to(self, device: torch.device, non_blocking: bool = False) -> RawBatch:
         images = self.images.to(device, non_blocking=non_blocking)
-        return self._replace(images=images, plan=self.plan.to(device, non_blocking=non_blocking))
+        erase = None if self.erase is None else self.erase.to(device, non_blocking=non_blocking)
+        return self._replace(images=images, plan=self.plan.to(device, non_blocking=non_blocking), erase=erase)
 
     def record_stream(self, stream: Any) -> None:
-        """Both tensors: `resampled` reads the plan on `stream` too, so neither block may be reused before then."""
-        self.images.record_stream(stream)
-        self.plan.record_stream(stream)
+        """Every tensor: `resampled` reads them on `stream` too, so no block may be reused before then."""
+        for tensor in (self.images, self.plan, self.erase):
+            if tensor is not None:
+                tensor.record_stream(stream)
 
     def resampled(self) -> torch.Tensor:
         """Float [B, 3, size, size] in 0..255, on the images' device (two batched matmuls a chunk of
-        resample.CHUNK_BYTES at a time, data/resample.py)."""
-        return resample.resample(self.images, self.plan, self.size)
+        resample.CHUNK_BYTES at a time, data/resample.py), then erased where the boxes say: the workers' pixels
+        there (the same boxes, the same fill)."""
+        out = resample.resample(self.images, self.plan, self.size)
+        return out if self.erase is None else policies.erase(out, self.erase, self.fill)
 
 
 Sample = tuple[Any, int, tuple[tuple[str, str], ...], tuple[float, float, float, float] | None]
+
+
+class Erasing(NamedTuple):
+    """A batch's random erasing (data/policies.py): a box per item [len(items), 4] (0 x 0: none), the fill."""
+
+    boxes: np.ndarray
+    fill: tuple[float, ...]
 
 
 def collate(items: list[Sample]) -> Batch:
     """default_collate for images and labels (it stacks into shared memory inside a worker), plus the skips and
     the stage times.
 
-    Uncropped images are cropped, resized and flipped here for the whole batch, or left for the device (RawBatch).
-    Undecoded files (EncodedJpeg, dataset.decode=cuda) are packed into one EncodedBatch, with their paths. Items
-    GuardedSamples dropped (image None) are left out.
+    Uncropped images are cropped, resized and flipped here for the whole batch (and through their policy), or left
+    for the device (RawBatch); random erasing is one masked fill of the stacked batch here, or travels with the
+    RawBatch. Undecoded files (EncodedJpeg, dataset.decode=cuda) are packed into one EncodedBatch, with their paths.
+    Items GuardedSamples dropped (image None) are left out.
     """
-    items = augmented(items)
+    items, erasing = augmented(items)
     started = time.perf_counter()
     skipped = tuple(record for _, _, records, _ in items for record in records)
-    kept = [(image, label) for image, label, _, _ in items if image is not None]
+    present = [i for i, item in enumerate(items) if item[0] is not None]
+    kept = [items[i][:2] for i in present]
+    boxes = None if erasing is None else torch.from_numpy(erasing.boxes[present])
+    erased = 0.0  # seconds of the masked fill: the augment stage's, not collate's
     if not kept:
         batch = Batch(None, torch.empty(0, dtype=torch.long), skipped)
     elif isinstance(kept[0][0], RawImage):
         # Each image cut to what its plan reaches: a smaller canvas through shared memory, pinning and PCIe
         size, plans = kept[0][0].size, np.stack([raw.plan for raw, _ in kept])
         images, plans = resample.window_canvas([raw.image for raw, _ in kept], plans, size)
-        raw = RawBatch(images, torch.from_numpy(plans), size)
+        raw = RawBatch(images, torch.from_numpy(plans), size, boxes, erasing.fill if erasing is not None else ())
         batch = Batch(raw, torch.tensor([label for _, label in kept]), skipped)
     elif isinstance(kept[0][0], EncodedJpeg):
         labels = torch.tensor([label for _, label in kept])
@@ -125,17 +146,25 @@ def collate(items: list[Sample]) -> Batch:
         batch = Batch(packed, labels, skipped, tuple(e.path for e, _ in kept))
     else:
         images, labels = default_collate(kept)
+        if boxes is not None:  # in place, in shared memory: no copy of the batch
+            erasing_started = time.perf_counter()
+            policies.erase(images, boxes, erasing.fill)
+            erased = time.perf_counter() - erasing_started
         batch = Batch(images, labels, skipped)
     timed = [times for *_, times in items if times is not None]
-    return batch._replace(times=stages.batch_times(timed, started)) if timed else batch
+    if erased and timed:
+        share = erased / len(timed)
+        timed = [(read, decode, augment + share, total + share) for read, decode, augment, total in timed]
+    return batch._replace(times=stages.batch_times(timed, started + erased)) if timed else batch
 
 
-def augmented(items: list[Sample]) -> list[Sample]:
-    """The batch's Uncropped images cropped, resized and flipped in one call (data/batched.py), or as RawImages with
-    their plans when the device is to do it; the call's time is split evenly over the images' augment stage."""
+def augmented(items: list[Sample]) -> tuple[list[Sample], Erasing | None]:
+    """The batch's Uncropped images cropped, resized and flipped in one call, then through their policy
+    (data/batched.py), or as RawImages with their plans when the device is to do it; and their random erasing's
+    boxes, drawn from the seeds (None: nothing to erase). The time is split evenly over the images' augment stage."""
     kept = [i for i, item in enumerate(items) if isinstance(item[0], Uncropped)]
     if not kept:
-        return items
+        return items, None
     started = time.perf_counter()
     uncropped: list[Uncropped] = [items[i][0] for i in kept]
     images, spec = [u.image for u in uncropped], uncropped[0].spec
@@ -149,6 +178,7 @@ def augmented(items: list[Sample]) -> list[Sample]:
         images = [RawImage(image, plan, spec.size) for image, plan in zip(images, plans, strict=True)]
     else:  # the workers' place, or a batch whose canvas for the device would be too large (one huge photo)
         images = batched.augment_batch(images, seeds, spec)
+    erasing = _erasing(seeds, spec, kept, len(items))
     share = (time.perf_counter() - started) / len(kept)
     items = list(items)
     for image, i in zip(images, kept, strict=True):
@@ -156,11 +186,26 @@ def augmented(items: list[Sample]) -> list[Sample]:
         if times is not None:
             times = (times[0], times[1], times[2] + share, times[3] + share)
         items[i] = (image, label, skipped, times)
-    return items
+    return items, erasing
+
+
+def _erasing(seeds: np.ndarray | None, spec: batched.CropSpec, kept: list[int], count: int) -> Erasing | None:
+    """The erasing boxes of the batch's `count` items, those of the `kept` ones drawn from their seeds."""
+    if spec.erasing is None or seeds is None:
+        return None
+    drawn = policies.erase_boxes(seeds, spec.erasing, spec.size)
+    if not drawn[:, 2].any():
+        return None  # no image of this batch is erased
+    boxes = np.zeros((count, 4), dtype=np.int64)
+    boxes[kept] = drawn
+    return Erasing(boxes, spec.erasing.fill)
 
 
 def _on_device(images: list[torch.Tensor], spec: batched.CropSpec, augment_on: AugmentOn) -> bool:
-    """data.augment_on for this batch: auto sends it uncropped when its images share one size near the crop's."""
+    """data.augment_on for this batch: auto sends it uncropped when its images share one size near the crop's. A
+    policy needs the crop (validate refuses augment_on=device with one): the workers crop."""
+    if spec.policy:
+        return False
     if augment_on != AugmentOn.auto:
         return augment_on == AugmentOn.device
     height, width = images[0].shape[-2:]
@@ -244,15 +289,3 @@ def _seed_of(item: int | tuple[int, int | None]) -> int:
     """A sample's augmentation seed: the sampler's, or its index where the sampler gives none (validation)."""
     index, seed = item if isinstance(item, tuple) else (item, None)
     return index if seed is None else seed
-
-
-def seeded(seed: int, call: Callable[..., Any], *args: Any) -> Any:
-    """`call(*args)` with torch's default CPU generator (which torchvision's random transforms draw from) set to
-    `seed`. Seeding only that one: torch.manual_seed would also queue a CUDA re-seed and format a stack trace, ~90 us
-    per call. In the training process (num_workers=0) its own random stream is left untouched."""
-    if get_worker_info() is None:
-        with torch.random.fork_rng(devices=[]):
-            torch.random.default_generator.manual_seed(seed)
-            return call(*args)
-    torch.random.default_generator.manual_seed(seed)
-    return call(*args)

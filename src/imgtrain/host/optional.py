@@ -1,9 +1,10 @@
 """The optional engines: packages only some runs use, imported when such a run starts, never by the others.
 
 A fork that trains from an image folder needs neither LitData nor boto3 nor Optuna, and the GPU box that runs the
-CUDA tests has none of them. Each is declared as an extra in pyproject.toml (`pip install -e '.[shards]'`); `make
-install` installs them all. A run that needs a missing one (or one whose compiled library fails to load) ends in
-one line naming the package, what needs it and the command that installs it.
+CUDA tests has none of them; one that trains torchvision's models needs no timm. Each is declared as an extra in
+pyproject.toml (`pip install -e '.[shards]'`); `make install` installs them all. A run that needs a missing one (or
+one whose compiled library fails to load) ends in one line naming the package, what needs it and the command that
+installs it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ ENGINES = {
         Engine("litdata", "litdata", "shards"),  # dataset=shards, imgtrain-shards
         Engine("boto3", "boto3", "shards"),  # object storage for dataset=shards and imgtrain-shards
         Engine("hydra_plugins.hydra_optuna_sweeper", "hydra-optuna-sweeper", "search"),  # hparams_search (and Optuna)
+        Engine("timm", "timm", "timm"),  # model=timm
+        Engine("huggingface_hub", "huggingface_hub", "timm"),  # model=timm model.pretrained=true: its weights' cache
     )
 }
 # What fails when a module cannot be used: missing (ImportError), or a compiled library that does not load with
@@ -46,8 +49,9 @@ def install_hint(engine: Engine) -> str:
 
 
 def require(module: str, needed_by: str) -> ModuleType:
-    """Import `module` (one of ENGINES) for `needed_by` (what the user asked for, e.g. "dataset=shards")."""
-    engine = ENGINES[module]
+    """Import `module` (one of ENGINES, or a submodule of one) for `needed_by` (what the user asked for, e.g.
+    "dataset=shards")."""
+    engine = ENGINES.get(module) or ENGINES[module.partition(".")[0]]
     try:
         return importlib.import_module(module)
     except LOAD_ERRORS as error:

@@ -71,6 +71,7 @@ class ModelProbe:
         self.base, self.num_classes, self.settings = base, num_classes, settings
         self.device, self.precision, self.memory_format = device, precision, memory_format
         self.parts: tuple[nn.Module, Step, torch.Tensor, torch.Tensor] | None = None
+        self.steps = 0  # probe steps taken: mixup/cutmix's and the EMA's step number
 
     def ready(self) -> None:
         """Build the probe now: its compilation and warm-up steps are not part of any timing."""
@@ -78,7 +79,9 @@ class ModelProbe:
             return
         copied = copy.deepcopy(self.base).train()  # the run's weights and BatchNorm statistics stay untouched
         model = compiled(copied, self.settings.system)  # the callable the run trains, without DDP's collectives
-        step = build_step(self.settings, copied, self.device, self.precision, (1, 1))
+        step = build_step(
+            self.settings, copied, self.device, self.precision, (1, 1), num_classes=self.num_classes, announce=False
+        )
         size, side = self.settings.data.batch_size, self.settings.dataset.image_size
         images = torch.randn(size, 3, side, side, device=self.device).contiguous(memory_format=self.memory_format)
         labels = torch.randint(0, self.num_classes, (size,), device=self.device)
@@ -91,10 +94,13 @@ class ModelProbe:
         log.debug("model probe ready in %.1f s", time.perf_counter() - started)
 
     def _step(self) -> None:
-        """The training loop's own step (optim.Step), on the batch already on the device."""
+        """The training loop's own step (optim.Step), on the batch already on the device: mixing, forward, loss,
+        backward, update and the EMA's, as the loop takes it."""
         model, step, images, labels = self.parts
-        _, loss = step.forward(model, images, labels)
-        step.update(loss, schedule=False)
+        self.steps += 1
+        mixed, targets = step.mix(images, labels, self.steps)
+        _, loss = step.forward(model, mixed, targets)
+        step.update(loss, schedule=False, step=self.steps)
 
     def __call__(self, seconds: float, min_steps: int = 2) -> Rate:
         self.ready()

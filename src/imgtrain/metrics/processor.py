@@ -10,7 +10,6 @@ NaN step) and the checkpointer's (its clock, a failed write).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,7 +17,7 @@ from typing import Any, Protocol
 import torch
 import torchvision
 
-from imgtrain.config.schema import Config, Mode
+from imgtrain.config.schema import Config, Mode, model_name
 from imgtrain.host import dist
 from imgtrain.host.cpus import available_cpus
 from imgtrain.metrics.epoch_start import EpochStarts
@@ -34,7 +33,7 @@ from imgtrain.metrics.report import (
 )
 from imgtrain.metrics.spread import Rate
 from imgtrain.metrics.stage_breakdown import PipelineMeter
-from imgtrain.metrics.summary import RunSummary
+from imgtrain.metrics.summary import RunSummary, as_json
 from imgtrain.metrics.tensorboard import MetricsLogger, hparam_metrics, hparams
 from imgtrain.metrics.windows import StepMeter
 from imgtrain.resilience.agreement import Agreement, WindowReport, exchange
@@ -253,10 +252,7 @@ class Metrics:
             pss_peak_gb=resources.get("pss_peak_gb"),
             pipeline=self.pipeline.summary(compute),
             tune=loader_args.get("tune"),
-            val_acc=val.get("val_acc"),
-            val_loss=val.get("val_loss"),
-            val_count=val.get("val_count"),
-            best_val_acc=progress.best_val_acc,
+            validation={**val, "best_val_acc": progress.best_val_acc, "best_val_acc_ema": progress.best_val_acc_ema},
             steps=progress.step,
             skipped_samples=counts.skipped_samples,
             unreadable_files_count=len(counts.unreadable_files),
@@ -266,7 +262,7 @@ class Metrics:
             profile_trace=profile_trace,
             **self._setup(loader_args, precision),
         )
-        return dataclasses.asdict(summary)
+        return as_json(summary)
 
     def _throughput(self, perf: dict[str, Any], total: float | None, step: int) -> dict[str, Any]:
         """The summary's images_per_sec fields: the figure (all ranks) and this process's windows, their median
@@ -300,7 +296,7 @@ class Metrics:
             "precision": precision,
             "dataset": settings.dataset.name,
             "dataset_root": getattr(settings.dataset, "root", None),
-            "model": settings.model.name,
+            "model": model_name(settings.model),
             "torch_version": torch.__version__,
             "torchvision_version": torchvision.__version__,
             "cpu_count": available_cpus(),

@@ -10,6 +10,7 @@ from typing import Any
 from tqdm import tqdm
 
 from imgtrain.config.schema import AUTO
+from imgtrain.config.val_metrics import VAL_METRICS, field
 from imgtrain.data.loader import auto_num_workers
 from imgtrain.data.stages import WORKER_STAGES
 from imgtrain.metrics.spread import MIN_WINDOWS, Rate, indistinguishable, windows_needed
@@ -51,9 +52,16 @@ STAGE_ADVICE = {
 }
 
 
+# dataset.augment values whose crop, flip (and random erasing) can run on the device (data.augment_on=device)
+DEVICE_POLICIES = ("none", "rrc_flip")
+
+
 def stage_advice(stage: str, summary: dict[str, Any]) -> str:
     """What addresses `stage`. A read-bound run gets what fits where its data is: an image folder is packed into
-    shards (one request per shard instead of one per image), shards in object storage are copied or cached."""
+    shards (one request per shard instead of one per image), shards in object storage are copied or cached; an
+    augment-bound run what its policy allows (`augment_advice`)."""
+    if stage == "augment":
+        return augment_advice(summary)
     if stage != "read":
         return STAGE_ADVICE[stage]
     root = summary.get("dataset_root")
@@ -69,6 +77,22 @@ def stage_advice(stage: str, summary: dict[str, Any]) -> str:
             "dataset.cache_limit_gb above their size so each chunk is fetched once, not every epoch"
         )
     return STAGE_ADVICE["read"]
+
+
+def augment_advice(summary: dict[str, Any]) -> str:
+    """What takes the augment stage off the workers: on a GPU, the crop, flip and random erasing there (unless they
+    are already), else a cheaper dataset.augment; the summary's `dataset_augment` names the policy (absent: both
+    options, each with its condition)."""
+    policy, loader = summary.get("dataset_augment"), summary.get("loader") or {}
+    options, there = [], loader.get("augment_on") == "device" or loader.get("device_resident")
+    if policy in (None, *DEVICE_POLICIES) and str(summary.get("device")).startswith("cuda") and not there:
+        allowed = "" if policy else ", with dataset.augment=rrc_flip or none"
+        options.append(f"augmenting on the GPU (data.augment_on=device{allowed})")
+    if policy is None:
+        options.append("a cheaper dataset.augment (rrc_flip: the crop and flip alone, batched)")
+    elif policy not in DEVICE_POLICIES:
+        options.append(f"a cheaper dataset.augment than {policy} (rrc_flip: the crop and flip alone, batched)")
+    return ", or ".join(options) if options else STAGE_ADVICE["augment"]
 
 
 def input_stage(pipeline: dict[str, Any] | None) -> str | None:
@@ -245,7 +269,7 @@ def print_table(summary: dict[str, Any]) -> None:
         ("CPU (mean % of system)", _fmt(summary["cpu_pct_mean"], ".1f")),
         ("RSS peak incl. workers (GB)", _fmt(summary["rss_peak_gb"], ".2f")),
         ("PSS peak incl. workers (GB)", _fmt(summary.get("pss_peak_gb"), ".2f")),
-        ("val acc (top-1)", _fmt(summary["val_acc"], ".4f")),
+        *val_rows(summary),
         ("steps / wall time (s)", f"{summary['steps']} / {summary['wall_time_s']:.1f}"),
         (
             "loader",
@@ -259,6 +283,15 @@ def print_table(summary: dict[str, Any]) -> None:
     width = max(len(name) for name, _ in rows)
     lines = [f"  {name.ljust(width)}  {value}" for name, value in rows]
     print("\n".join(["", "Run summary", *lines, ""]), flush=True)
+
+
+def val_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """A row per figure validation computes (config/val_metrics.py), the EMA's beside the model's when there is one."""
+    rows = []
+    for metric in VAL_METRICS:
+        value, ema = _fmt(summary.get(field(metric)), ".4f"), summary.get(field(metric, ema=True))
+        rows.append((metric.label, value if ema is None else f"{value} (EMA {ema:.4f})"))
+    return rows
 
 
 def stages_line(pipeline: dict[str, Any] | None) -> str:

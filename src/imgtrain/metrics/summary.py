@@ -1,10 +1,14 @@
 """`metrics.json`: the typed definition of a run's final figures. docs/measurements.md's table of its fields lists
-these fields in this order (tests/test_docs.py checks it)."""
+these fields in this order (tests/test_docs.py checks it). The validation fields are not spelled here: they follow
+the list of what validation computes (config/val_metrics.py), in `validation`'s place."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
+
+from imgtrain.config.val_metrics import summary_fields
 
 
 @dataclass
@@ -41,10 +45,9 @@ class RunSummary:
     pss_peak_gb: float | None  # shared pages counted once; None without PSS (non-Linux)
     pipeline: dict[str, Any]  # the input stages: ms per image, loading busy, the ceilings, input_stage
     tune: dict[str, Any] | None  # data.num_workers=tune: the probe's measurements and choice
-    val_acc: float | None
-    val_loss: float | None
-    val_count: int | None
-    best_val_acc: float | None
+    # val_acc, val_acc5, val_loss, their _ema twins (null without train.ema_decay), val_count, best_val_acc,
+    # best_val_acc_ema: config/val_metrics.py's `summary_fields()`, each null until validated; flat in metrics.json
+    validation: dict[str, float | None]
     steps: int
     skipped_samples: int  # unreadable reads: a file read in 3 epochs counts 3 times
     unreadable_files_count: int  # distinct files
@@ -70,4 +73,14 @@ class RunSummary:
     verdict: str | None = None  # what bounds the run (metrics/report.py), added at the end
 
 
-FIELDS = tuple(field.name for field in fields(RunSummary))
+def as_json(summary: RunSummary) -> dict[str, Any]:
+    """metrics.json's content: `summary`'s fields in order, `validation`'s spliced in flat at its place."""
+    flat: dict[str, Any] = {}
+    for name, value in dataclasses.asdict(summary).items():
+        flat.update({key: value.get(key) for key in summary_fields()} if name == "validation" else {name: value})
+    return flat
+
+
+FIELDS = tuple(
+    name for spec in fields(RunSummary) for name in (summary_fields() if spec.name == "validation" else (spec.name,))
+)

@@ -6,6 +6,8 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
+from imgtrain.config.val_metrics import VAL_METRICS, field
+
 
 def _hparam_value(value: Any) -> bool | int | float | str:
     """Convert a value to a type the TensorBoard HParams plugin accepts."""
@@ -40,8 +42,10 @@ def hparams(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def hparam_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
-    """The final figures the HParams tab shows next to each run's settings."""
-    keys = ("images_per_sec", "data_wait_frac", "gpu_util_mean", "val_acc", "rss_peak_gb", "pss_peak_gb")
+    """The final figures the HParams tab shows next to each run's settings: speed, resources and what validation
+    computes (config/val_metrics.py)."""
+    validation = tuple(field(metric) for metric in VAL_METRICS)
+    keys = ("images_per_sec", "data_wait_frac", "gpu_util_mean", *validation, "rss_peak_gb", "pss_peak_gb")
     return {f"hparam/{k}": summary.get(k) for k in keys}
 
 

@@ -29,6 +29,12 @@ _NOISE = (
     "provider=",
 )
 
+# Values a key took before it became a choice: the one line says what they are now (the choice lists the rest).
+FORMER_VALUES = {
+    "dataset.augment=false": "dataset.augment=none",
+    "dataset.augment=true": "dataset.augment=rrc_flip",
+}
+
 
 def register() -> None:
     """What `train.py` and the tests need before Hydra composes: the schemas and the run-directory resolvers."""
@@ -72,7 +78,8 @@ def one_line(error: BaseException) -> str:
     text = ": ".join(part.rstrip(".:") for part in parts)
     if options:
         text = f"{text}: {', '.join(options)}"
-    return text
+    former = next((old for old in FORMER_VALUES if f"override {old}\n" in message.lower()), None)
+    return f"{former} is now {FORMER_VALUES[former]}; {text}" if former else text
 
 
 @contextlib.contextmanager

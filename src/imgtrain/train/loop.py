@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from imgtrain.config.schema import DataConfig, Mode
+from imgtrain.config.val_metrics import VAL_METRICS, batch_sums, field, tag
 from imgtrain.data.failures import (
     LoaderFailed,
     first_batches,
@@ -55,11 +55,12 @@ def train_one_epoch(
     do nothing."""
     model.train()
     for images, labels in batches:
-        logits, loss = step.forward(model, images, labels, mark=profiler.range)  # autocast, cross-entropy
+        images, targets = step.mix(images, labels, progress.step)  # mixup/cutmix (train.*_alpha): soft targets
+        logits, loss = step.forward(model, images, targets, mark=profiler.range)  # autocast, the `loss` group's
         if faults.allows_update(loss, progress.step + 1):  # False only with nonfinite=skip and a NaN/inf loss
-            step.update(loss, mark=profiler.range)  # backward, optimizer (via the fp16 scaler), LR schedule
+            step.update(loss, mark=profiler.range, step=progress.step + 1)  # backward, optimizer, LR schedule, EMA
         progress.advance(labels.shape[0])
-        metrics.step(progress.step, loss, logits, labels)  # a logging step: one sync, one exchange across ranks
+        metrics.step(progress.step, loss, logits, labels)  # accuracy vs the hard labels; one sync per window
         checkpointer.step()  # last.pt every checkpoint.every_n_steps steps or checkpoint.every_min minutes
         profiler.step()  # metrics.profile=true: the trace is written after its last step
         # termination conditions, agreed by every rank at the last logging window (one process: a signal at once)
@@ -162,28 +163,38 @@ def saved_on_loader_failure(parts: Components) -> Iterator[None]:
 def evaluate(
     model: nn.Module, data: RunData, step: Step, faults: Faults, last_checkpoint: Callable[[], str]
 ) -> dict[str, float]:
-    """Top-1 accuracy and mean loss over the validation set, each sample counted once across ranks."""
+    """Every entry of VAL_METRICS (config/val_metrics.py) over the validation set, each sample counted once across
+    ranks: val_acc, val_acc5, val_loss, ..., and with train.ema_decay the EMA's (val_acc_ema, ...) from the same
+    batches, read once."""
     # no collective per batch (the ranks may have different numbers of batches); uncompiled with CUDA graphs
     model = evaluation_module(model, step.cuda_graphs)
     model.eval()
     # Compiled, the model compiles once more for inference; a batch of another size (the last, or one with
     # unreadable images left out) would compile it yet again, for seconds (minutes with max_autotune): eager.
     full, eager = data.loader_args["val"]["batch_size"], uncompiled(model)
-    totals = torch.zeros(3, device=data.feed.device, dtype=torch.float64)  # loss sum, correct, count
+    averaged = [] if step.ema is None else [step.ema.synced()]  # never compiled: eager
+    # a row per model (the model, its EMA): each entry's sum over the images; and the images counted
+    totals = torch.zeros(1 + len(averaged), len(VAL_METRICS), device=data.feed.device, dtype=torch.float64)
+    count = torch.zeros(1, device=data.feed.device, dtype=torch.float64)
     batches = EpochBatches(
         data.val, data.feed, data.settings, float("inf"), on_unreadable=faults.bad.report, split="val"
     )
     with batches:
         for images, labels in batches:
             with step.autocast():
-                logits = (model if labels.shape[0] == full else eager)(images)
-            totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")
-            totals[1] += (logits.argmax(dim=1) == labels).sum()
-            totals[2] += labels.shape[0]
-    loss_sum, correct, count, unreadable = dist.all_reduce_sum([*totals.tolist(), batches.unreadable], totals.device)
+                outputs = [(model if labels.shape[0] == full else eager)(images), *(ema(images) for ema in averaged)]
+            for row, logits in enumerate(outputs):
+                totals[row] += batch_sums(logits, labels)
+            count += labels.shape[0]
+    local = torch.cat([totals.flatten(), count]).tolist()  # the one read back
+    *sums, images, unreadable = dist.all_reduce_sum([*local, batches.unreadable], totals.device)
     if unreadable:
         faults.count_unreadable(int(unreadable), last_checkpoint)
-    return {"val_loss": loss_sum / max(count, 1), "val_acc": correct / max(count, 1), "val_count": int(count)}
+    figures, per_model = {"val_count": int(images)}, len(VAL_METRICS)
+    for row in range(totals.shape[0]):
+        for metric, total in zip(VAL_METRICS, sums[row * per_model : (row + 1) * per_model], strict=True):
+            figures[field(metric, ema=row == 1)] = total / max(images, 1)
+    return figures
 
 
 def fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mode, epochs: int) -> None:
@@ -220,16 +231,28 @@ def fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mo
 
 
 def _end_epoch(model: nn.Module, data: RunData, step: Step, parts: Components, *, epochs: int, completed: bool):
-    """Validate, log, and save (always at the end of the run; best.pt when accuracy improved). An epoch cut
-    short by train.max_steps keeps its position, so a longer run continues from there."""
+    """Validate (the model, and its EMA), log, and save (always at the end of the run; best.pt when the accuracy
+    checkpoint.best_of follows improved). An epoch cut short by train.max_steps keeps its position, so a longer run
+    continues from there."""
     progress = parts.progress
-    improved = progress.validated(evaluate(model, data, step, parts.faults, parts.checkpointer.settled_checkpoint))
-    val = {"val/loss": progress.val["val_loss"], "val/acc": progress.val["val_acc"]}
-    parts.metrics.log({**val, "data/skipped_samples": parts.faults.counts.skipped_samples}, progress.step)
-    log.info(
-        "epoch %d/%d: val_loss %.4f  val_acc %.4f",
-        *(progress.epoch + 1, epochs, progress.val["val_loss"], progress.val["val_acc"]),
-    )
+    val = evaluate(model, data, step, parts.faults, parts.checkpointer.settled_checkpoint)
+    improved = progress.validated(val, ema_best=parts.checkpointer.best_of_ema)
+    tags = {tag(metric, ema): val[field(metric, ema)] for ema in _models(step) for metric in VAL_METRICS}
+    parts.metrics.log({**tags, "data/skipped_samples": parts.faults.counts.skipped_samples}, progress.step)
+    log.info("epoch %d/%d: %s", progress.epoch + 1, epochs, _figures(val, step))
     if completed:
         progress.end_epoch()
     parts.checkpointer.end_epoch(improved, last=progress.step >= parts.checkpointer.total_steps)
+
+
+def _models(step: Step) -> tuple[bool, ...]:
+    """What validation reported on: the model (False), and its EMA (True) with train.ema_decay."""
+    return (False,) if step.ema is None else (False, True)
+
+
+def _figures(val: dict[str, float], step: Step) -> str:
+    """`val_acc 0.8750  val_acc5 0.9912  val_loss 0.4321  |  val_acc_ema ...`: the model's figures, then its EMA's."""
+    return "  |  ".join(
+        "  ".join(f"{field(metric, ema)} {val[field(metric, ema)]:.4f}" for metric in VAL_METRICS)
+        for ema in _models(step)
+    )

@@ -155,7 +155,10 @@ def _train_locked(
         _tune_workers(settings, data, info, device, model_rate, out_dir)
         model_rate.release()  # its copy, optimizer state and CUDA graphs: training needs the memory
     environment = preflight(settings, info, device, data)  # warns of limits the loaders will likely hit
-    step = build_step(settings, base, device, precision, (steps_per_epoch, total_steps))
+    classes, world = data.bundle.num_classes, info.world_size
+    step = build_step(
+        settings, base, device, precision, (steps_per_epoch, total_steps), num_classes=classes, world_size=world
+    )
     log.info(
         "device %s, precision %s, world size %d, %d epoch(s) x %d steps (%d steps in all)",
         *(device, precision, info.world_size, epochs, steps_per_epoch, total_steps),

@@ -1,18 +1,26 @@
-"""The update: optimiser (fused), the warmup-then-cosine LR schedule, the loss scaler, and autocast."""
+"""The update: the optimiser (any torch.optim class, fused where it can be), the LR schedule, the loss, mixup/cutmix,
+the weights' EMA, the loss scaler and autocast. The optimiser, loss and schedule are the `optim`, `loss` and
+`schedule` groups' `_target_`s; a fork changes them in conf/, not here."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from torch import nn
 
 from imgtrain.config.schema import Config, Precision
+from imgtrain.train.ema import WeightAverage
+from imgtrain.train.mixing import Mixing
+
+log = logging.getLogger(__name__)
 
 Mark = Callable[[str], contextlib.AbstractContextManager]  # labels a phase in a profiler trace (Profiler.range)
 
@@ -22,6 +30,7 @@ def _unmarked(name: str) -> contextlib.AbstractContextManager:
 
 
 DTYPES = {Precision.fp32: torch.float32, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
+LR_BATCH = 256  # optim.scale_lr_with_batch=true: lr x global batch / 256 (Goyal et al., 2017)
 
 
 @dataclass
@@ -33,7 +42,9 @@ class Step:
     scaler: torch.amp.GradScaler  # enabled for fp16 only
     device_type: str
     dtype: torch.dtype
-    label_smoothing: float
+    loss: nn.Module  # the `loss` group's: (logits, class indices [B] or probabilities [B, C]) -> mean loss
+    mix: Mixing  # mixup/cutmix: `mix(images, labels, step) -> (images, targets)`, the identity when off
+    ema: WeightAverage | None = None  # train.ema_decay: the weights' moving average
     cuda_graphs: bool = False  # the compiled model replays CUDA graphs (system.compile_mode): mark each step
 
     def begin(self) -> None:
@@ -47,19 +58,21 @@ class Step:
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype != torch.float32)
 
     def forward(
-        self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mark: Mark = _unmarked
+        self, model: nn.Module, images: torch.Tensor, targets: torch.Tensor, mark: Mark = _unmarked
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The forward pass and the loss in the run's precision: (logits, loss). The training loop and the
-        tune probe (`tune.compute_rate`) both step through here and `update`, so the probe times the same step."""
+        """The forward pass and the loss in the run's precision: (logits, loss). `targets`: class indices, or mixup's
+        probabilities. The training loop and the tune probe (`tune.compute_rate`) both step through here and
+        `update`, so the probe times the same step."""
         self.begin()
         with self.autocast(), mark("forward"):
             logits = model(images)
-            loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
+            loss = self.loss(logits, targets)
         return logits, loss
 
-    def update(self, loss: torch.Tensor, mark: Mark = _unmarked, schedule: bool = True) -> None:
-        """Backward, then one optimizer step (through the loss scaler: a no-op unless fp16) and, with `schedule`,
-        one LR-schedule step (the probe's copy has no schedule to follow)."""
+    def update(self, loss: torch.Tensor, mark: Mark = _unmarked, schedule: bool = True, step: int = 0) -> None:
+        """Backward, then one optimizer step (through the loss scaler: a no-op unless fp16), with `schedule` one
+        LR-schedule step (the probe's copy has no schedule to follow), and the EMA's update when optimizer step
+        `step` (counted from 1; 0: none) is one of train.ema_every_n_steps."""
         self.optimizer.zero_grad(set_to_none=True)
         with mark("backward"):
             self.scaler.scale(loss).backward()
@@ -68,13 +81,16 @@ class Step:
             self.scaler.update()
             if schedule:
                 self.scheduler.step()
+            if self.ema is not None and step:
+                self.ema.after_step(step)
 
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer, LR schedule and loss-scaler state, for checkpoints."""
+        """Optimizer, LR schedule, loss-scaler and EMA state, for checkpoints."""
         return {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
+            **(self.ema.state_dict() if self.ema is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -82,6 +98,10 @@ class Step:
         self.scheduler.load_state_dict(state["scheduler"])
         if state["scaler"]:  # empty when the scaler was off (fp32/bf16)
             self.scaler.load_state_dict(state["scaler"])
+        if self.ema is not None and "ema" in state:
+            self.ema.load_state_dict(state)
+        elif self.ema is not None:
+            log.warning("the checkpoint has no EMA of the weights: the EMA starts from the resumed weights")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -93,41 +113,61 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def warmup_cosine(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int
-) -> torch.optim.lr_scheduler.LRScheduler:
-    """Linear warmup from base/warmup to the base LR over `warmup_steps`, then cosine decay to zero at
-    `total_steps`: PyTorch's SequentialLR(LinearLR, CosineAnnealingLR)."""
-    cosine_steps = max(1, total_steps - warmup_steps)
-    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cosine_steps, eta_min=0.0)
-    if warmup_steps == 0:
-        return cosine
-    # step k of the warmup: base x (k + 1) / warmup_steps, reaching the base LR at its last step
-    linear = torch.optim.lr_scheduler.LinearLR(
-        optimizer, start_factor=1.0 / warmup_steps, end_factor=1.0, total_iters=max(1, warmup_steps - 1)
-    )
-    return torch.optim.lr_scheduler.SequentialLR(optimizer, [linear, cosine], milestones=[warmup_steps])
+def build_optimizer(optim: Any, base: nn.Module, global_batch: int, announce: bool = True) -> torch.optim.Optimizer:
+    """The `optim` group's optimizer (its schema, or a fork's plain file) for `base`'s parameters, its keys checked
+    by `validate`: lr scaled with the global batch when asked (said in the log), weight decay off for BatchNorm
+    weights and biases where the optimizer has weight decay, and fused where it has a fused kernel."""
+    keys = dataclasses.asdict(optim) if dataclasses.is_dataclass(optim) else dict(optim)
+    cls, lr = get_class(keys.pop("_target_")), keys["lr"]
+    if keys.pop("scale_lr_with_batch", False):  # ours, not the optimizer's
+        keys["lr"] = lr * global_batch / LR_BATCH
+        if announce:
+            said = (keys["lr"], lr, global_batch, LR_BATCH)
+            log.info("lr %g = optim.lr %g x global batch %d / %d (optim.scale_lr_with_batch=true)", *said)
+    taken = inspect.signature(cls).parameters
+    params: Any = [param for param in base.parameters() if param.requires_grad]
+    if "weight_decay" in taken:
+        params = param_groups(base, keys.get("weight_decay", taken["weight_decay"].default))
+    if "fused" in taken and "fused" not in keys:  # the classes that have a fused kernel (SGD, Adam, AdamW, ...)
+        # fused=True: one kernel for the whole update instead of a few per parameter tensor, with no temporaries.
+        # On an H100, AdamW on ResNet-18 at 32 px: 30.8k -> 47.8k img/s in a bare loop. On CPU (2 cores), the
+        # single-tensor AdamW's two full-size temporaries per tensor page-fault on every step, as much as glibc's
+        # heap state decides: train.py went from 575 to 750 img/s and its gap to the bare loop from 5-11% to ~3%
+        # (BENCHMARKS.md, 2026-11-24).
+        keys["fused"] = True
+    return cls(params, **keys)
 
 
 def build_step(
-    settings: Config, base: nn.Module, device: torch.device, precision: Precision, steps: tuple[int, int]
+    settings: Config,
+    base: nn.Module,
+    device: torch.device,
+    precision: Precision,
+    steps: tuple[int, int],
+    *,
+    num_classes: int | None = None,
+    world_size: int = 1,
+    announce: bool = True,
 ) -> Step:
-    """Optimiser, LR schedule and scaler for `base`'s parameters; `steps` is (steps per epoch, total steps)."""
-    # fused=True: one kernel for the whole update instead of a few per parameter tensor, with no temporaries.
-    # On an H100, AdamW on ResNet-18 at 32 px: 30.8k -> 47.8k img/s in a bare loop. On CPU (2 cores), the
-    # single-tensor AdamW's two full-size temporaries per tensor page-fault on every step, as much as glibc's heap
-    # state decides: train.py went from 575 to 750 img/s and its gap to the bare loop from 5-11% to ~3%
-    # (BENCHMARKS.md, 2026-11-24).
-    params, system = param_groups(base, settings.optim.weight_decay), settings.system
-    optimizer = instantiate(settings.optim, params=params, _convert_="all", fused=True)
+    """Optimiser, LR schedule, loss, mixing, EMA and scaler for `base`'s parameters; `steps` is (steps per epoch,
+    total steps). `num_classes`: for mixup/cutmix's labels; `world_size`: for the global batch of
+    optim.scale_lr_with_batch; `announce`: log the scaled lr (the run's step does, the probe's copy does not)."""
+    global_batch = settings.data.batch_size * world_size
+    optimizer = build_optimizer(settings.optim, base, global_batch, announce)
     steps_per_epoch, total_steps = steps
-    warmup = round(settings.train.lr_warmup_epochs * steps_per_epoch)
+    scheduler = instantiate(
+        settings.schedule, optimizer=optimizer, steps_per_epoch=steps_per_epoch, total_steps=total_steps
+    )
+    system, train = settings.system, settings.train
+    ema = None if train.ema_decay is None else WeightAverage(base, train.ema_decay, train.ema_every_n_steps)
     return Step(
         optimizer=optimizer,
-        scheduler=warmup_cosine(optimizer, warmup, total_steps),
+        scheduler=scheduler,
         scaler=torch.amp.GradScaler(device.type, enabled=precision == Precision.fp16),
         device_type=device.type,
         dtype=DTYPES[precision],
-        label_smoothing=settings.train.label_smoothing,
+        loss=instantiate(settings.loss),  # validation's loss stays plain cross-entropy (config/val_metrics.py)
+        mix=Mixing(train, num_classes),
+        ema=ema,
         cuda_graphs=system.compile and system.compile_mode.records_cuda_graphs and device.type == "cuda",
     )

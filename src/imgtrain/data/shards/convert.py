@@ -1,9 +1,12 @@
-"""`imgtrain-shards SRC DST` (and `make shards SRC=... DST=...`): pack an image folder into LitData shards.
+"""`imgtrain-shards SRC DST` (and `make shards SRC=... DST=...`): pack an image folder, or a CSV per split, into
+LitData shards.
 
 SRC is what `dataset=imagefolder` reads: `train/` and `val/` class folders, or one folder of class folders that
 is split by `--val-fraction` and `--split-seed` exactly as `dataset.val_fraction` and `dataset.split_seed` split
-it. DST is a directory or `s3://bucket/prefix`. Each image is stored as its original file bytes (no re-encoding)
-with its label, its index in the split and its path under SRC; decoding stays in the training pipeline.
+it. Or what `dataset=csv` reads: SRC the training split's CSV (or TSV) and `--val` the validation split's
+(source.py). DST is a directory or `s3://bucket/prefix`. Each image is stored as its original file bytes (no
+re-encoding) with its label, its index in the split and its path under SRC (a CSV's folder); decoding stays in the
+training pipeline.
 
 Images are written in a seeded random order: LitData shuffles whole chunks and the samples inside each, so a
 chunk written in class order would give batches of one or two classes. Each image is decoded once here; one that
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import multiprocessing
 import os
@@ -27,7 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import litdata
@@ -35,7 +37,6 @@ from tqdm import tqdm
 
 from imgtrain.data import decoders
 from imgtrain.data.decoders import decode_problem
-from imgtrain.data.folders import folder_splits
 from imgtrain.data.shards import engine, staging
 from imgtrain.data.shards.manifest import (
     FIELDS,
@@ -47,6 +48,7 @@ from imgtrain.data.shards.manifest import (
     check_split,
     read_partial,
 )
+from imgtrain.data.shards.source import Source
 from imgtrain.data.shards.store import Location, Store, redact
 from imgtrain.host.cpus import available_cpus
 from imgtrain.resilience.errors import ConfigError, RunError
@@ -55,40 +57,6 @@ from imgtrain.resilience.errors import ConfigError, RunError
 # first byte) is spread over hundreds of ImageNet-sized JPEGs, while ImageNet's 140 GB still makes ~2,200 chunks,
 # enough for every worker of every rank to get many (LitData deals whole chunks to workers and shuffles them).
 DEFAULT_SHARD_MB = 64
-
-
-@dataclass
-class Source:
-    """The image folder as `dataset=imagefolder` reads it, split the same way."""
-
-    root: Path
-    classes: list[str]
-    splits: dict[str, list[tuple[str, int]]]  # split -> (path, label), in listing order
-    layout: dict[str, object]
-
-    @classmethod
-    def read(cls, root: str, val_fraction: float, split_seed: int) -> Source:
-        path = Path(os.path.abspath(os.path.expanduser(root)))
-        if not path.is_dir():
-            raise ConfigError(f"SRC={root} is not a directory: point it at an image folder (class folders of images)")
-        (train, train_labels), (val, val_labels), classes = folder_splits(str(path), val_fraction, split_seed)
-        folders = (path / "train").is_dir() and (path / "val").is_dir()
-        layout: dict[str, object] = {"layout": "train/ and val/ folders"}
-        if not folders:
-            layout = {"layout": "one folder, split", "val_fraction": val_fraction, "split_seed": split_seed}
-        splits = {"train": list(zip(train, train_labels, strict=True)), "val": list(zip(val, val_labels, strict=True))}
-        return cls(path, classes, splits, layout)
-
-    def fingerprint(self) -> str:
-        """What identifies this source: the split, every file's path under SRC, label and size."""
-        digest = hashlib.sha256(json.dumps({**self.layout, "classes": self.classes}, sort_keys=True).encode())
-        for split in SPLITS:
-            for path, label in self.splits[split]:
-                digest.update(f"{split}\0{self.relative(path)}\0{label}\0{os.path.getsize(path)}\n".encode())
-        return digest.hexdigest()
-
-    def relative(self, path: str) -> str:
-        return os.path.relpath(path, self.root)
 
 
 class PackImage:
@@ -229,10 +197,12 @@ def _intact(store: Store, split: str, files: SplitFiles) -> bool:
     return True
 
 
-def convert(src: str, dst: str, *, val_fraction: float, split_seed: int, shard_mb: int, workers: int) -> Manifest:
+def convert(
+    src: str, dst: str, *, val_fraction: float, split_seed: int, shard_mb: int, workers: int, val: str | None = None
+) -> Manifest:
     """Pack SRC into DST (see the module docstring); prints what it does and returns the manifest."""
     decoders.check("imgtrain-shards")  # every image is decoded once, as training will, before it is packed
-    source = Source.read(src, val_fraction, split_seed)
+    source = Source.read(src, val_fraction, split_seed, val)
     store = Store(Location.parse(dst, key="DST"))
     store.check_reachable(create=True)
     fingerprint = source.fingerprint()
@@ -303,8 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="imgtrain-shards", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("src", metavar="SRC", help="an image folder, as dataset=imagefolder reads it")
+    parser.add_argument("src", metavar="SRC", help="an image folder (as dataset=imagefolder reads it), or a CSV")
     parser.add_argument("dst", metavar="DST", help="a directory or s3://bucket/prefix")
+    parser.add_argument("--val", metavar="CSV", help="with a CSV SRC: the validation split's CSV (as dataset.val)")
     parser.add_argument("--val-fraction", type=float, default=0.1, help="without val/: as dataset.val_fraction")
     parser.add_argument("--split-seed", type=int, default=0, help="without val/: as dataset.split_seed")
     parser.add_argument("--shard-mb", type=int, default=DEFAULT_SHARD_MB, help="largest shard, in MB (default 64)")
@@ -319,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.src,
                 args.dst,
                 val_fraction=args.val_fraction,
+                val=args.val,
                 split_seed=args.split_seed,
                 shard_mb=args.shard_mb,
                 workers=args.workers,

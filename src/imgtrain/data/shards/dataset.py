@@ -200,13 +200,16 @@ def build_shards(
     image_size: int,
     mean: Any,
     std: Any,
-    augment: bool,
+    augment: str | bool,
     root: str,
     val_resize: int | None,
     decode: str,
     cache_dir: str,
     cache_limit_gb: float | None,
     timeout_s: float,
+    randaugment_ops: int = 2,
+    randaugment_magnitude: int = 9,
+    random_erasing: float = 0.0,
 ) -> DatasetBundle:
     """The converted dataset at `root`, checked before any step: the store answers, the manifest is there and every
     shard has the size the converter wrote (one line naming what is wrong otherwise)."""
@@ -218,7 +221,9 @@ def build_shards(
     manifest: Manifest = read_manifest(store)
     for split in SPLITS:
         check_files(store, manifest, split)
-    transforms = dict(zip(SPLITS, imagenet_transforms(image_size, val_resize, augment), strict=True))
+    keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
+    chosen = imagenet_transforms(image_size, val_resize, augment, random_erasing=random_erasing, mean=mean, **keys)
+    transforms = dict(zip(SPLITS, chosen, strict=True))
     train, val = (
         ShardSplit(
             location,

@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from torch import nn
 
-from imgtrain.config.schema import Config, Mode
+from imgtrain.config.schema import BestOf, Config, Mode
 from imgtrain.host import dist
 from imgtrain.resilience.agreement import Agreement
 from imgtrain.resilience.checkpoint.files import DIRNAME, FORMAT, FORMAT_VERSION, CheckpointStore, locate
@@ -63,6 +63,12 @@ class Checkpointer:
         self.order: Any = None  # dataset=shards: the training order's state (state_dict / load_state_dict)
         self.progress = Progress()  # the loop's, from `resume` on
         self.total_steps = 0
+
+    @property
+    def best_of_ema(self) -> bool:
+        """Whether best.pt follows the EMA's accuracy (checkpoint.best_of=ema, with train.ema_decay) over the model's.
+        best.pt is then the checkpoint of that epoch, the EMA's weights under its `ema` key."""
+        return self.settings.checkpoint.best_of == BestOf.ema and self.settings.train.ema_decay is not None
 
     def attach(self, model: nn.Module, step: Step, total_steps: int, order: Any = None) -> None:
         """What the checkpoints hold: the underlying model (not its DDP or compiled wrapper), the Step and, for a

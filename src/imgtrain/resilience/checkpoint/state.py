@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from imgtrain.config import val_metrics
 from imgtrain.resilience.faults import FaultCounts
 
 
@@ -22,7 +23,9 @@ class Progress:
     step: int = 0  # optimizer steps taken (the same on every rank); TensorBoard's x axis
     epoch: int = 0  # the current epoch, counted from 0
     samples_in_epoch: int = 0  # samples of `epoch`'s order already trained on, over all ranks the sampler shards to
+    # the best epoch's val_acc (config/val_metrics.py's BEST), and its EMA's (train.ema_decay)
     best_val_acc: float | None = None
+    best_val_acc_ema: float | None = None
     val: dict[str, float] = field(default_factory=dict)
     replicas: int = field(default=1, metadata={"saved": False})  # ranks the order is sharded over (not saved)
 
@@ -38,13 +41,20 @@ class Progress:
     def end_epoch(self) -> None:
         self.epoch, self.samples_in_epoch = self.epoch + 1, 0
 
-    def validated(self, val: dict[str, float]) -> bool:
-        """Record an epoch's validation figures; whether its accuracy is the best so far."""
+    def validated(self, val: dict[str, float], ema_best: bool = False) -> bool:
+        """Record an epoch's validation figures and the best so far; whether the figure best.pt follows improved:
+        the model's accuracy, or with `ema_best` (checkpoint.best_of=ema) its EMA's."""
         self.val = val
-        improved = self.best_val_acc is None or val["val_acc"] > self.best_val_acc
-        if improved:
-            self.best_val_acc = val["val_acc"]
-        return improved
+        improved = {}
+        for ema in (False, True):
+            figure, best = (
+                val.get(val_metrics.field(val_metrics.BEST, ema)),
+                val_metrics.best_field(ema),
+            )  # the EMA's: absent without one
+            improved[ema] = figure is not None and (getattr(self, best) is None or figure > getattr(self, best))
+            if improved[ema]:
+                setattr(self, best, figure)
+        return improved[ema_best]
 
 
 def progress_from(payload: dict[str, Any], replicas: int = 1) -> tuple[Progress, FaultCounts]:

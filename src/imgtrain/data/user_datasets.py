@@ -1,0 +1,261 @@
+"""A dataset of your own, in one file or one class: `dataset=csv` (a CSV or TSV per split of image path and label,
+read as data/csv_rows.py says) and `dataset=custom` (any map-style Dataset, by name). Both go through the same
+worker path as the image folders: the guard for unreadable images (data.max_bad_samples), the stage timings and
+the batched crop.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import operator
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torchvision.transforms.v2.functional as F
+from PIL import Image
+from torch.utils.data import Dataset, IterableDataset
+
+from imgtrain.data import batched, decoders, stages
+from imgtrain.data.csv_rows import csv_splits
+from imgtrain.data.datasets import (
+    CorruptSampleError,
+    DatasetBundle,
+    ImageFileDataset,
+    imagenet_transforms,
+    triple,
+)
+from imgtrain.data.decoders import error_reason
+from imgtrain.resilience.errors import ConfigError, first_line
+
+# What the user's __getitem__ raises for an image it cannot read or decode (PIL: OSError, incl.
+# UnidentifiedImageError; SyntaxError for some broken PNGs; ValueError): the guard replaces or drops that sample.
+UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+def build_csv(
+    name: str,
+    image_size: int,
+    mean: Any,
+    std: Any,
+    augment: Any,
+    randaugment_ops: int,
+    randaugment_magnitude: int,
+    random_erasing: float,
+    train: str,
+    val: str,
+    val_resize: int | None,
+) -> DatasetBundle:
+    """dataset=csv: a CSV (or TSV) per split, read as data/csv_rows.py says; the images are decoded lazily by
+    the workers, like an image folder's. `validate` has checked that both files exist."""
+    (train_paths, train_labels), (val_paths, val_labels), classes = csv_splits(train, val)
+    train_tf, val_tf = _transforms(
+        image_size, val_resize, augment, randaugment_ops, randaugment_magnitude, random_erasing, mean
+    )
+    decoders.check(f"dataset={name}")
+    return DatasetBundle(
+        train=ImageFileDataset(train_paths, train_labels, classes, train_tf),
+        val=ImageFileDataset(val_paths, val_labels, classes, val_tf),
+        num_classes=len(classes),
+        image_size=image_size,
+        mean=triple(mean),
+        std=triple(std),
+        name=name,
+        classes=classes,
+    )
+
+
+def _transforms(image_size, val_resize, augment, ops, magnitude, erasing, mean) -> tuple[Any, Any]:
+    return imagenet_transforms(
+        image_size,
+        val_resize,
+        augment,
+        randaugment_ops=ops,
+        randaugment_magnitude=magnitude,
+        random_erasing=erasing,
+        mean=mean,
+    )
+
+
+# ----------------------------------------------------------------------------- your own Dataset class
+class UserDataset(Dataset):
+    """The user's map-style Dataset as the template's workers use it: `decoded(index)` gives uint8 [3, H, W] and
+    an int label (a PIL image converted to RGB, a grayscale tensor or array to 3 channels), with the whole
+    user `__getitem__` timed as the decode stage (its read is inside it); `crop_spec` lets the batch be cropped in
+    one call; an image it cannot read (UNREADABLE) becomes a CorruptSampleError, which the guard replaces
+    (training) or drops (validation) and counts against data.max_bad_samples.
+
+    It pickles for spawn and forkserver workers when the user's class can be imported by its module path in a
+    fresh process: defined in a module on PYTHONPATH (or an installed package), not in __main__ or a notebook.
+    """
+
+    def __init__(self, dataset: Any, transform: Any, classes: list[str], source: str) -> None:
+        self.dataset, self.transform, self.source = dataset, transform, source
+        self.classes = list(classes)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    @property
+    def crop_spec(self) -> batched.CropSpec | None:
+        """The transform as one call for a whole batch (data/batched.py), or None (then per sample)."""
+        return batched.spec_of(self.transform)
+
+    def decoded(self, index: int) -> tuple[torch.Tensor, int]:
+        started = time.perf_counter()
+        try:
+            item = self.dataset[index]
+            pair = isinstance(item, tuple | list) and len(item) == 2
+            image = self._image(item[0], index) if pair else None
+        except UNREADABLE as error:
+            where = getattr(error, "filename", None) or f"{self.source}[{index}]"
+            raise CorruptSampleError(str(where), error_reason(error)) from None
+        if not pair:
+            raise ConfigError(f"dataset._target_={self.source}: item {index} is {_kind(item)}: expected (image, label)")
+        stages.record(decode=time.perf_counter() - started)
+        return image, self._label(item[1], index)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        raw, label = self.decoded(index)
+        read, decode, _ = stages.take()
+        started = time.perf_counter()
+        image = self.transform(raw).contiguous()
+        stages.record(read, decode, time.perf_counter() - started)
+        return image, label
+
+    def _image(self, image: Any, index: int) -> torch.Tensor:
+        """uint8 [3, H, W] from a PIL image, a uint8 tensor [3 or 1, H, W] or [H, W], or a uint8 array [H, W(, C)]."""
+        if isinstance(image, Image.Image):
+            return F.pil_to_tensor(image if image.mode == "RGB" else image.convert("RGB"))
+        if isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim in (2, 3):
+            image = torch.from_numpy(np.ascontiguousarray(image if image.ndim == 2 else image.transpose(2, 0, 1)))
+        if isinstance(image, torch.Tensor) and image.dtype == torch.uint8 and image.ndim in (2, 3):
+            image = image[None] if image.ndim == 2 else image
+            if image.shape[0] in (1, 3):
+                return image.repeat(3, 1, 1) if image.shape[0] == 1 else image
+        raise ConfigError(
+            f"dataset._target_={self.source}: item {index}'s image is {_kind(image)}: expected a PIL image or uint8 "
+            "[3, H, W] (or [H, W]) pixels 0-255; normalisation happens on the device (dataset.mean, dataset.std)"
+        )
+
+    def _label(self, label: Any, index: int) -> int:
+        try:
+            value = operator.index(label)  # an int, a NumPy integer, an integer tensor of one element
+        except TypeError:
+            value = None
+        if value is None or not 0 <= value < len(self.classes):
+            raise ConfigError(
+                f"dataset._target_={self.source}: item {index}'s label is {label!r}: expected an int class index in "
+                f"0..{len(self.classes) - 1} ({len(self.classes)} classes)"
+            )
+        return value
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, torch.Tensor | np.ndarray):
+        return f"a {type(value).__name__} of {value.dtype} {list(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+def import_dataset_class(path: str) -> Any:
+    """The class `dataset._target_` names (module.Class); one ConfigError if it cannot be imported or used."""
+    module_name, _, attr = path.rpartition(".")
+    where = f"dataset._target_={path}"
+    if not module_name:
+        raise ConfigError(f"{where}: expected a module path and a class, e.g. my_pkg.datasets.MyDataset")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(
+            f"{where}: module {module_name} cannot be imported ({first_line(error)}): put its folder on PYTHONPATH "
+            "or install its package"
+        ) from None
+    found = getattr(module, attr, None)
+    if found is None or not callable(found):
+        what = f"has no {attr}" if found is None else f"holds a {type(found).__name__} as {attr}, not a class"
+        raise ConfigError(f"{where}: module {module_name} {what}: expected a map-style Dataset class")
+    if isinstance(found, type) and issubclass(found, IterableDataset):
+        raise ConfigError(f"{where} is an IterableDataset: dataset=custom takes a map-style one (__len__, __getitem__)")
+    return found
+
+
+def construct(cls: Any, path: str, split: str, options: dict[str, Any]) -> Any:
+    """cls(split=split, **options), checked against its signature first: a parameter it lacks, or one it needs
+    and was not given, is one line listing the parameters it takes."""
+    where, kwargs = f"dataset._target_={path}", {"split": split, **options}
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # a builtin without one: let the call itself say
+        signature = None
+    try:
+        if signature is not None:
+            signature.bind(**kwargs)
+    except TypeError as error:
+        given = ", ".join(f"{key}={value!r}" for key, value in kwargs.items())
+        takes = ", ".join(str(p.replace(annotation=p.empty)) for p in signature.parameters.values())
+        raise ConfigError(
+            f"{where} cannot be called as ({given}): {error}; it takes ({takes}), and dataset=custom passes "
+            "split='train'|'val' and each +dataset.<key>=<value>"
+        ) from None
+    try:
+        dataset = cls(**kwargs)
+    except OSError as error:  # its files are not where its arguments say
+        raise ConfigError(f"{where}(split={split!r}) cannot open its data: {first_line(error)}") from None
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")) or isinstance(dataset, IterableDataset):
+        raise ConfigError(f"{where}: a {type(dataset).__name__} is not a map-style Dataset (__len__, __getitem__)")
+    if len(dataset) == 0:
+        raise ConfigError(f"{where}(split={split!r}) has no items")
+    return dataset
+
+
+def dataset_classes(train: Any, val: Any, path: str, num_classes: int | None) -> list[str]:
+    """The class names: the training dataset's `classes` (torchvision's convention), or dataset.num_classes."""
+    where = f"dataset._target_={path}"
+    named = getattr(train, "classes", None)
+    named = [str(name) for name in named] if named is not None else None
+    if not named and num_classes is None:
+        raise ConfigError(
+            f"{where} has no `classes` attribute: give it one (the class names) or pass dataset.num_classes=N"
+        )
+    if named and num_classes is not None and len(named) != num_classes:
+        raise ConfigError(f"dataset.num_classes={num_classes} but {where} has {len(named)} classes: drop one of them")
+    val_named = getattr(val, "classes", None)
+    if named and val_named is not None and [str(name) for name in val_named] != named:
+        raise ConfigError(f"{where}: split='val' has other `classes` than split='train': a label must mean one class")
+    return named or [str(i) for i in range(num_classes)]
+
+
+def build_custom(
+    name: str,
+    image_size: int,
+    mean: Any,
+    std: Any,
+    augment: Any,
+    randaugment_ops: int,
+    randaugment_magnitude: int,
+    random_erasing: float,
+    dataset_class: str,
+    num_classes: int | None,
+    val_resize: int | None,
+    options: dict[str, Any],
+) -> DatasetBundle:
+    """dataset=custom: `dataset_class` (dataset._target_) called once per split, split="train" or "val" with the
+    group's other keys (`options`), each wrapped in a UserDataset; the classes from its `classes` or num_classes."""
+    cls = import_dataset_class(dataset_class)
+    train_set, val_set = (construct(cls, dataset_class, split, dict(options)) for split in ("train", "val"))
+    classes = dataset_classes(train_set, val_set, dataset_class, num_classes)
+    train_tf, val_tf = _transforms(
+        image_size, val_resize, augment, randaugment_ops, randaugment_magnitude, random_erasing, mean
+    )
+    return DatasetBundle(
+        train=UserDataset(train_set, train_tf, classes, dataset_class),
+        val=UserDataset(val_set, val_tf, classes, dataset_class),
+        num_classes=len(classes),
+        image_size=image_size,
+        mean=triple(mean),
+        std=triple(std),
+        name=name,
+        classes=classes,
+    )

@@ -1,0 +1,179 @@
+"""Any model by name: model=torchvision (any classification model of torchvision.models) and model=timm (the extra
+imgtrain[timm]) train through the same loop; a bad name or option is one line; pretrained weights come from the
+library's cache or a file, never from the network, with the head left at init for another number of classes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import compose_cfg
+from shardhelpers import failure
+
+from imgtrain.config.schema import validate
+from imgtrain.host import optional
+from imgtrain.resilience.errors import ConfigError
+from imgtrain.train.model import build_timm, build_torchvision, check_model
+from imgtrain.train.run import run
+
+needs_timm = pytest.mark.skipif(optional.missing("timm"), reason="model=timm needs pip install -e '.[timm]'")
+
+TINY = [
+    "dataset=synthetic",
+    "dataset.image_size=32",
+    "dataset.num_train=64",
+    "dataset.num_val=32",
+    "data.batch_size=16",
+    "data.num_workers=0",
+    "metrics.skip_first_steps=1",
+    "metrics.compute_probe=false",
+    "train.max_steps=3",
+    "system.channels_last=true",
+]
+# Small models that take 32-px images: torchvision's 0.35M-parameter ShuffleNet, and one of the models timm makes for
+# its own tests (0.2M parameters).
+TORCHVISION_SMALL = "shufflenet_v2_x0_5"
+TIMM_SMALL = "test_convnext"
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No connection can be opened: a download would fail the test rather than pass on a machine with network."""
+
+    def refuse(*args: object) -> None:
+        raise AssertionError(f"a connection was attempted: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+def _train(tmp_path: Path, *overrides: str) -> dict:
+    run(compose_cfg(*TINY, *overrides, output_dir=str(tmp_path)))
+    return json.loads((tmp_path / "metrics.json").read_text())
+
+
+def test_a_torchvision_model_that_is_not_a_resnet_trains(tmp_path: Path) -> None:
+    metrics = _train(tmp_path, "model=torchvision", f"model.arch={TORCHVISION_SMALL}")
+    assert metrics["model"] == TORCHVISION_SMALL and metrics["steps"] == 3 and math.isfinite(metrics["val_loss"])
+
+
+@needs_timm
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])  # bf16: 2x on CPU
+def test_a_timm_model_trains(tmp_path: Path, precision: str) -> None:
+    metrics = _train(tmp_path, "model=timm", f"model.name={TIMM_SMALL}", f"system.precision={precision}")
+    assert metrics["model"] == TIMM_SMALL and metrics["steps"] == 3 and metrics["precision"] == precision
+    assert math.isfinite(metrics["val_loss"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (
+            ["model=torchvision", "model.arch=convnxt_tiny"],
+            "is not a classification model of torchvision.models (close: convnext_tiny",
+        ),
+        (["model=torchvision", "model.arch=fasterrcnn_resnet50_fpn"], "is not a classification model"),
+        (
+            ["model=resnet18_cifar", "model.arch=mobilenet_v3_small"],
+            "model.cifar_stem=true is for torchvision's ResNets",
+        ),
+        (["model=torchvision", "model.arch=vgg11", "model.zero_init_residual=true"], "model.zero_init_residual=true"),
+        pytest.param(
+            ["model=timm", "model.name=convnxt_atto"], "is not a timm model (close: convnext_atto", marks=needs_timm
+        ),
+        pytest.param(["model=timm", "model.name=resnet10t.nosuchtag"], "Invalid pretrained tag", marks=needs_timm),
+    ],
+    ids=["torchvision-typo", "torchvision-detection", "cifar-stem", "zero-init", "timm-typo", "timm-tag"],
+)
+def test_a_bad_name_or_option_is_one_line(overrides: list[str], line: str) -> None:
+    settings = validate(compose_cfg(*overrides))
+    with pytest.raises(ConfigError) as caught:
+        check_model(settings.model)
+    assert line in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_bad_name_ends_the_run_in_one_line(tmp_path: Path) -> None:
+    error = failure(*TINY, "model=torchvision", "model.arch=convnxt_tiny", run_dir=tmp_path)
+    assert isinstance(error, ConfigError) and str(error).startswith("model.arch=convnxt_tiny is not")
+
+
+def test_pretrained_from_a_file_leaves_the_head_at_init_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint of a 1000-class model (under "model", as imgtrain saves them, from a compiled module): every
+    tensor but the classifier's is copied, and the log names those left."""
+    source = build_torchvision(TORCHVISION_SMALL, num_classes=1000)
+    path = tmp_path / "weights.pt"
+    torch.save({"model": {f"_orig_mod.{k}": v for k, v in source.state_dict().items()}, "step": 7}, path)
+    with caplog.at_level(logging.INFO, logger="imgtrain.train.pretrained"):
+        model = build_torchvision(TORCHVISION_SMALL, num_classes=10, pretrained=str(path))
+    loaded, original = model.state_dict(), source.state_dict()
+    assert torch.equal(loaded["conv1.0.weight"], original["conv1.0.weight"])
+    assert loaded["fc.weight"].shape == (10, 1024)
+    kept = len(original) - 2
+    assert f"kept {kept} tensors; left fc.weight, fc.bias at init for 10 classes" in caplog.text
+    with pytest.raises(ConfigError, match="cannot be read as weights") as caught:
+        build_torchvision(TORCHVISION_SMALL, pretrained=__file__)
+    assert "\n" not in str(caught.value)
+
+
+def test_pretrained_true_reads_the_torch_hub_cache_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, offline: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Absent from the cache: one line naming the file looked for and how to fetch it. There (torchvision's file
+    name, under TORCH_HOME): read from it, the head left at init."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    with pytest.raises(ConfigError) as caught:
+        build_torchvision(TORCHVISION_SMALL, pretrained=True)
+    line = str(caught.value)
+    cached = tmp_path / "hub" / "checkpoints" / "shufflenetv2_x0.5-f707e7126e.pth"
+    assert "\n" not in line and f"looked for {cached}" in line and "weights='DEFAULT'" in line
+    imagenet = build_torchvision(TORCHVISION_SMALL, num_classes=1000)
+    cached.parent.mkdir(parents=True)
+    torch.save(imagenet.state_dict(), cached)
+    with caplog.at_level(logging.INFO, logger="imgtrain.train.pretrained"):
+        model = build_torchvision(TORCHVISION_SMALL, num_classes=10, pretrained=True)
+    assert torch.equal(model.state_dict()["conv5.0.weight"], imagenet.state_dict()["conv5.0.weight"])
+    assert "left fc.weight, fc.bias at init for 10 classes" in caplog.text and str(cached) in caplog.text
+
+
+@needs_timm
+def test_timm_pretrained_true_reads_the_hugging_face_cache_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, offline: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same for timm: its weights' repository in the Hugging Face cache (laid out as huggingface_hub does), or
+    one line; a file path read by timm's reader (safetensors too)."""
+    from huggingface_hub import constants  # noqa: PLC0415 - only where timm (which brings it) is installed
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ConfigError) as caught:
+        build_timm(TIMM_SMALL, pretrained=True)
+    repo = tmp_path / "models--timm--test_convnext.r160_in1k"
+    assert "\n" not in str(caught.value) and f"looked in {repo}" in str(caught.value)
+    imagenet = build_timm(TIMM_SMALL, num_classes=1000)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0123abcd")
+    (repo / "snapshots" / "0123abcd").mkdir(parents=True)
+    save_file(imagenet.state_dict(), repo / "snapshots" / "0123abcd" / "model.safetensors")
+    with caplog.at_level(logging.INFO, logger="imgtrain.train.pretrained"):
+        model = build_timm(TIMM_SMALL, num_classes=10, pretrained=True)
+        from_file = build_timm(
+            TIMM_SMALL, num_classes=10, pretrained=str(repo / "snapshots/0123abcd/model.safetensors")
+        )
+    for built in (model, from_file):
+        assert torch.equal(built.state_dict()["stem.0.weight"], imagenet.state_dict()["stem.0.weight"])
+    assert caplog.text.count("left head.fc.weight, head.fc.bias at init for 10 classes") == 2
+
+
+def test_a_missing_timm_is_one_line_with_the_install_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "timm", None)  # what `import timm` does where it is not installed
+    error = failure(*TINY, "model=timm", f"model.name={TIMM_SMALL}", run_dir=tmp_path)
+    assert isinstance(error, optional.MissingEngine)
+    assert str(error).startswith("model=timm needs timm, which cannot be imported here")
+    assert "pip install -e '.[timm]'" in str(error)
