@@ -3,12 +3,13 @@
 augment-loaders  the training loader's images/s per worker with dataset.augment=rrc_flip, trivialaugment and
                  randaugment (n=2, m=9), against timm 1.0.28's loader with the same policy, on an ImageNet-like
                  JPEG folder (500x375 and 375x500 photo-like JPEGs), 224-px crops, batches of 32, one worker and
-                 the CPU count. Each measurement is a process of its own (`python benchmarks/recipes.py loader
-                 ...`): ours builds the loader train.py builds (hydra compose, validate, pipeline.build_data), timm's
-                 runs with timm's wheel from the peer kit installed in a directory of its own (PYTHONPATH), so the
-                 venv's timm and 1.0.28 never meet in one process. Interleaved rounds (ours first in even rounds,
-                 timm first in odd ones); the stage ms per image our batches carry (Batch.times), and timm's per
-                 image stages timed in its process on one thread;
+                 the CPU count. Each measurement is a process of its own (benchmarks/loader_child.py): ours builds
+                 the loader train.py builds (hydra compose, validate, pipeline.build_data), timm's is its
+                 create_loader as its train.py calls it (uint8 batches, as ours), run with timm's wheel from the
+                 peer kit installed in a directory of its own (PYTHONPATH), so the venv's timm and 1.0.28 never
+                 meet in one process. Interleaved rounds (ours first in even rounds, timm first in odd ones), the
+                 ratio taken round by round; the stage ms per image our batches carry (Batch.times), and timm's
+                 per image stages timed in its process on one thread;
 recipe-cost      the cost per step of mixup/cutmix and of EMA: train.py runs on synthetic 32-px images with
                  ResNet-18 (on the device the machine has), baseline, mixup 0.2 + cutmix 1.0, EMA 0.999 every
                  step, and both, in interleaved rounds; step time is the median of the run's logging windows,
@@ -17,38 +18,24 @@ recipe-cost      the cost per step of mixup/cutmix and of EMA: train.py runs on 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import kernels  # benchmarks/kernels.py: make_jpegs
-import numpy as np
 import torch
-from PIL import Image  # timm decodes with PIL
+from loader_child import POLICIES, STAGES, TIMM_POLICY  # benchmarks/loader_child.py: one measurement
 
 from imgtrain.host.cpus import available_cpus
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = ("rrc_flip", "trivialaugment", "randaugment")
-# timm 1.0.28's auto_augment string for each policy. It has no TrivialAugment (timm/data/auto_augment.py knows
-# 'rand', 'augmix' and AutoAugment's 'original'/'v0' policies): the nearest it has is TrivialAugment's recipe in
-# RandAugment's terms: one op per image, always applied (p1), magnitude uniform in 0..10 (mstd > 100), with its own
-# ops and ranges (not torchvision's "wide" ones). `inc1`, the "increasing" op set: in the default set a magnitude
-# under 2.5 makes Posterize keep 0 bits, which Pillow 13 refuses (ValueError), so the default set cannot sample
-# magnitudes uniformly. timm's 'rand-m9-n2' applies each of its 2 ops with p=0.5; torchvision's RandAugment both.
-TIMM_POLICY = {"rrc_flip": None, "trivialaugment": "rand-m10-n1-mstd101-inc1-p1", "randaugment": "rand-m9-n2"}
 TIMM_VERSION = "1.0.28"
 PEER_WHEEL = ROOT.parent / "shared/peers/timm/timm-1.0.28-py3-none-any.whl"  # the peer kit: ../shared/peers/timm
 # (files per class, photo size, crop, batch, measured batches); warm-up: 2 x workers + 1 batches
 FULL, QUICK = (160, (500, 375), 224, 32, 40), (6, (160, 120), 64, 8, 2)
-STAGES = ("read", "decode", "augment", "collate", "busy")
 
 
 def _spread(values: list[float]) -> dict | None:
@@ -102,7 +89,7 @@ def _loader_run(bench, side: str, policy: str, workers: int, setup: dict) -> dic
     args += ["--profile", str(setup["profile"])] if side == "timm" and setup["profile"] else []
     env = {**bench.env, **({"PYTHONPATH": setup["timm_path"]} if side == "timm" else {})}
     print(f"  loader: {side} {policy}, {workers} worker(s)", flush=True)
-    cmd = [sys.executable, __file__, "loader", *args]
+    cmd = [sys.executable, str(Path(__file__).with_name("loader_child.py")), "loader", *args]
     try:
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
@@ -172,131 +159,6 @@ def _loader_row(policy: str, workers: int, done: dict[str, list[dict]]) -> dict:
     for side in ("ours", "timm"):
         row[f"{side}_per_worker"] = row[side]["median"] / workers if row[side] else None
     return row
-
-
-# ----------------------------------------------------------------------------- augment-loaders: one measurement
-def _timed(batches, warmup: int, count: int, size_of, times_of) -> dict:
-    """Images/s over `count` batches after `warmup` (the workers' first batches, which arrive together), and the
-    stage seconds the batches carry, in ms per image."""
-    for _ in range(warmup):
-        next(batches)
-    images, sums = 0, dict.fromkeys(STAGES, 0.0)
-    started = time.perf_counter()
-    for _ in range(count):
-        batch = next(batches)
-        images += size_of(batch)
-        times = times_of(batch)
-        for stage in STAGES if times else ():
-            sums[stage] += getattr(times, stage)
-    seconds = time.perf_counter() - started
-    result = {"images_per_sec": images / seconds, "images": images, "seconds": seconds}
-    result["load_average_1min"] = os.getloadavg()[0]  # the machine's other work, if any, at the end
-    if any(sums.values()):
-        result["stage_ms"] = {stage: 1000 * value / images for stage, value in sums.items()}
-    return result
-
-
-def _crop_scale(transform) -> list[float] | None:
-    """The scale of the first RandomResizedCrop in `transform` (searched through `.transforms` lists)."""
-    if hasattr(transform, "scale") and "ResizedCrop" in type(transform).__name__:
-        return [float(v) for v in transform.scale]
-    for step in getattr(transform, "transforms", None) or []:
-        found = _crop_scale(step)
-        if found:
-            return found
-    return None
-
-
-def ours_loader(args: argparse.Namespace) -> dict:
-    """The training loader train.py builds for dataset=imagefolder, dataset.augment=<policy>, on the CPU."""
-    # Imported here, in this child only: the timm child must load nothing of imgtrain's (its models import timm)
-    from hydra import compose, initialize_config_dir
-
-    from imgtrain.config.schema import validate
-    from imgtrain.data.pipeline import build_data
-    from imgtrain.host import dist
-    from imgtrain.train.cli import register
-
-    out = Path(tempfile.mkdtemp(prefix="imgtrain-loader-"))
-    overrides = [
-        "dataset=imagefolder",
-        f"dataset.root={args.root}",
-        f"dataset.image_size={args.size}",
-        f"dataset.augment={args.policy}",
-        f"data.batch_size={args.batch}",
-        f"data.num_workers={args.workers}",
-        f"output_dir={out}",
-    ]
-    register()
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        settings = validate(compose("config", overrides=overrides))
-    data = build_data(settings, dist.DistInfo(), torch.device("cpu"), torch.contiguous_format, out)
-    data.start_epoch(0, 0)
-    try:
-        result = _timed(iter(data.train), args.warmup, args.batches, lambda b: len(b.labels), lambda b: b.times)
-    finally:
-        data.close()
-    transform = data.bundle.train.transform
-    return {**result, "transform": " ".join(repr(transform).split()), "crop_scale": _crop_scale(transform)}
-
-
-def timm_loader(args: argparse.Namespace) -> dict:
-    """timm's training transform for the same policy, its ImageDataset and a DataLoader like ours."""
-    # Imported here: this child's PYTHONPATH holds timm 1.0.28 (the parent's process may hold the venv's)
-    import timm
-    from timm.data import create_dataset, create_transform
-    from torch.utils.data import DataLoader
-
-    random.seed(0), np.random.seed(0), torch.manual_seed(0)
-    transform = create_transform(
-        args.size,
-        is_training=True,
-        auto_augment=TIMM_POLICY[args.policy],
-        interpolation="bilinear",
-        scale=tuple(args.scale),
-        color_jitter=None,
-        re_prob=0.0,
-    )
-    dataset = create_dataset("", root=args.root, split="train", is_training=True, transform=transform)
-    loader = DataLoader(
-        dataset,
-        batch_size=args.batch,
-        shuffle=True,
-        num_workers=args.workers,
-        drop_last=True,
-        persistent_workers=True,
-        prefetch_factor=2,
-        generator=torch.Generator().manual_seed(0),
-    )
-    result = _timed(iter(loader), args.warmup, args.batches, lambda b: len(b[1]), lambda b: None)
-    result |= {"timm_version": timm.__version__, "transform": " ".join(repr(transform).split())}
-    if args.profile:
-        result["profile_ms"] = _timm_profile(dataset, transform, args.profile)
-    return result
-
-
-def _timm_profile(dataset, transform, count: int) -> dict[str, float]:
-    """timm's per-image stages in this process on one thread (as in a DataLoader worker), ms per image: PIL's
-    open and decode, then each step of its transform; after four images untimed."""
-    torch.set_num_threads(1)
-    paths = [path for path, _ in dataset.reader.samples]
-    for path in paths[:4]:
-        _timm_steps(path, transform, {})
-    ms: dict[str, float] = {}
-    for index in np.linspace(0, len(paths) - 1, count).astype(int):
-        _timm_steps(paths[index], transform, ms)
-    return {name: 1000 * seconds / count for name, seconds in ms.items()}
-
-
-def _timm_steps(path: str, transform, ms: dict[str, float]) -> None:
-    """One image through timm's stages, each one's seconds added to `ms`."""
-    started = time.perf_counter()
-    image = Image.open(path).convert("RGB")
-    ms["read+decode (PIL)"] = ms.get("read+decode (PIL)", 0.0) + time.perf_counter() - started
-    for step in transform.transforms:
-        started = time.perf_counter()
-        image = step(image)
-        ms[type(step).__name__] = ms.get(type(step).__name__, 0.0) + time.perf_counter() - started
 
 
 # ----------------------------------------------------------------------------- recipe-cost
@@ -388,12 +250,17 @@ def render(report: dict) -> list[str]:
             "",
         ]
         lines.append(f"1-minute load average before and after: {_loads(result)}.")
-        lines += ["", "| variant | step ms, median (min-max) | / the round's baseline, median (min-max) | errors |"]
-        lines += ["| --- | ---: | ---: | --- |"]
+        lines += [
+            "",
+            "| variant | step ms, median (min-max) | / the round's baseline, median (min-max) | every round | errors |",
+        ]
+        lines += ["| --- | ---: | ---: | --- | --- |"]
         for row in result["rows"]:
             ratio = _cell(row["ratio"], ".3f") + "x" if row["ratio"] else "—"
+            clear = {"above": "slower", "below": "faster", "across": "not separated"}.get(_against_one(row["ratio"]))
             lines.append(
-                f"| {row['variant']} | {_cell(row['step_ms'], '.1f')} | {ratio} | {'; '.join(row['errors'])} |"
+                f"| {row['variant']} | {_cell(row['step_ms'], '.1f')} | {ratio} | {clear or '—'} "
+                f"| {'; '.join(row['errors'])} |"
             )
     return lines
 
@@ -412,14 +279,12 @@ def _render_loaders(result: dict) -> list[str]:
     lines += [
         "",
         "| policy | timm's `auto_augment` | workers | ours: images/s | timm: images/s | ours / timm, per "
-        "round | ours per worker | timm per worker | >= 1.0x |",
+        "round | ours per worker | timm per worker | >= 1.0x in every round |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for row in result["rows"]:
         ratio = row["ratio"]
-        verdict = (
-            "—" if not ratio else "met" if ratio["min"] >= 1 else "by the median" if ratio["median"] >= 1 else "no"
-        )
+        verdict = {"above": "met", "below": "no", "across": "not separated"}.get(_against_one(ratio), "—")
         cells = [
             row["policy"],
             f"`{row['timm_policy']}`",
@@ -458,32 +323,17 @@ def _render_loaders(result: dict) -> list[str]:
     return lines
 
 
+def _against_one(ratio: dict | None) -> str | None:
+    """Where every round's ratio lies against 1.0x: "above" (all >= 1), "below" (all < 1) or "across"; None: no
+    ratio. A verdict needs every round on one side, not the median alone."""
+    if not ratio:
+        return None
+    return "above" if ratio["min"] >= 1 else "below" if ratio["max"] < 1 else "across"
+
+
 def _loads(result: dict) -> str:
     return " and ".join(f"{v:.2f}" for v in result.get("load_average_1min", []))
 
 
 def _rate(value: float | None) -> str:
     return f"{value:,.0f}" if value else "—"
-
-
-# ----------------------------------------------------------------------------- the child's command line
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="One measurement of bench.py's augment-loaders section")
-    parser.add_argument("what", choices=["loader"])
-    parser.add_argument("--side", choices=["ours", "timm"], required=True)
-    parser.add_argument("--root", required=True, help="the JPEG folder (train/<class>/*.jpg)")
-    parser.add_argument("--policy", choices=POLICIES, required=True)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--size", type=int, default=224, help="the crop's side, px")
-    parser.add_argument("--warmup", type=int, default=3, help="batches before the clock starts")
-    parser.add_argument("--batches", type=int, default=16, help="batches measured")
-    parser.add_argument("--scale", type=float, nargs=2, default=(0.08, 1.0), help="timm's crop scale")
-    parser.add_argument("--profile", type=int, default=0, help="timm: images to time step by step afterwards")
-    args = parser.parse_args(argv)
-    print(json.dumps(ours_loader(args) if args.side == "ours" else timm_loader(args)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

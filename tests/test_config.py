@@ -10,7 +10,15 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from imgtrain.config import schema as config
-from imgtrain.config.datasets import CifarConfig, ImageFolderConfig, ShapesConfig, ShardsConfig, SyntheticConfig
+from imgtrain.config.datasets import (
+    CifarConfig,
+    CsvConfig,
+    CustomConfig,
+    ImageFolderConfig,
+    ShapesConfig,
+    ShardsConfig,
+    SyntheticConfig,
+)
 from imgtrain.config.renamed_keys import MOVED_KEYS
 from imgtrain.config.schema import (
     AdamWConfig,
@@ -30,6 +38,8 @@ from imgtrain.config.schema import (
     WarmupCosineConfig,
     validate,
 )
+from imgtrain.data.batched import spec_of
+from imgtrain.data.datasets import imagenet_transforms
 from imgtrain.resilience.errors import ConfigError
 from imgtrain.train.cli import one_line
 
@@ -64,9 +74,22 @@ def test_every_group_has_options() -> None:
     assert len(OPTIONS) >= 16
 
 
+def _dataset_args(option: str, tmp_path: Path) -> list[str]:
+    """What a dataset (or an experiment on one) needs before it validates: a folder, a CSV per split, a class."""
+    if option in ("imagefolder", "shards", "imagenet_resnet50", "imagenet_resnet50_tv"):
+        return [f"dataset.root={tmp_path}"]
+    if option == "csv":
+        for split in ("train", "val"):
+            (tmp_path / f"{split}.csv").write_text("path,label\na.png,cat\n")
+        return [f"dataset.train={tmp_path / 'train.csv'}", f"dataset.val={tmp_path / 'val.csv'}"]
+    if option == "custom":
+        return ["dataset._target_=torchvision.datasets.FakeData"]
+    return []
+
+
 @pytest.mark.parametrize(("group", "option"), OPTIONS)
 def test_every_option_composes_and_validates(group: str, option: str, tmp_path: Path) -> None:
-    extra = [f"dataset.root={tmp_path}"] if option in ("imagefolder", "shards", "imagenet_resnet50") else []
+    extra = _dataset_args(option, tmp_path)
     extra += ["model.name=resnet10t"] if (group, option) == ("model", "timm") else []  # no default name
     settings = validate(compose_cfg(f"{group}={option}", *extra))
     if group == "hparams_search":
@@ -225,7 +248,7 @@ def test_every_default_is_set_in_one_place(folder: str, schema: type | None) -> 
     """The YAML files choose a schema and set only what differs from its defaults."""
     schemas = {"sgd": SGDConfig, "adamw": AdamWConfig, "cifar10": CifarConfig, "cifar100": CifarConfig}
     schemas |= {"shapes": ShapesConfig, "synthetic": SyntheticConfig, "imagefolder": ImageFolderConfig}
-    schemas |= {"shards": ShardsConfig}
+    schemas |= {"shards": ShardsConfig, "csv": CsvConfig, "custom": CustomConfig}
     schemas |= {"ce": CrossEntropyConfig, "focal": FocalLossConfig, "warmup_cosine": WarmupCosineConfig}
     schemas |= {"step": StepDecayConfig}
     for path in sorted((CONF_DIR / folder).glob("*.yaml")):
@@ -246,6 +269,35 @@ def test_experiments_are_the_documented_recipes(tmp_path: Path) -> None:
     assert (imagenet.optim.lr, imagenet.optim.weight_decay, imagenet.loss.label_smoothing) == (0.1, 1e-4, 0.1)
     with pytest.raises(ConfigError, match="dataset.root is required"):
         validate(compose_cfg("experiment=imagenet_resnet50"))
+
+
+def test_the_torchvision_recipe_carries_its_published_values(tmp_path: Path) -> None:
+    """experiment=imagenet_resnet50_tv: the values of torchvision's ResNet-50 "new recipe" (cited in the file), and
+    its 176-px training crops with 224-px validation crops after a 232-px resize."""
+    tv = validate(compose_cfg("experiment=imagenet_resnet50_tv", f"dataset.root={tmp_path}"))
+    ds, train = tv.dataset, tv.train
+    assert (tv.model.arch, ds.image_size, ds.val_resize, ds.val_image_size) == ("resnet50", 176, 232, 224)
+    assert (ds.augment, ds.random_erasing, tv.loss.label_smoothing) == ("trivialaugment", 0.1, 0.1)
+    assert (type(tv.optim), tv.optim.lr, tv.optim.weight_decay, tv.optim.momentum) == (SGDConfig, 0.5, 2e-5, 0.9)
+    assert (tv.data.batch_size, train.epochs, tv.schedule.warmup_epochs) == (128, 600, 5)
+    assert (train.mixup_alpha, train.cutmix_alpha, train.ema_every_n_steps) == (0.2, 1.0, 32)
+    assert train.ema_decay == pytest.approx(1 - (1 - 0.99998) * 8 * 128 * 32 / 600, abs=1e-5)
+    assert tv.checkpoint.best_of == "ema"
+    training, validation = imagenet_transforms(ds.image_size, ds.val_resize, ds.augment, val_image_size=224)
+    assert (spec_of(training).size, spec_of(validation).size) == (176, 224)
+    assert [type(t).__name__ for t in validation.transforms] == ["Resize", "CenterCrop"]
+    assert validation.transforms[0].size == [232]
+
+
+def test_the_shapes_recipe_turns_on_every_recipe_knob() -> None:
+    recipe = validate(compose_cfg("experiment=shapes_recipe"))
+    assert (recipe.dataset.name, recipe.dataset.augment, recipe.checkpoint.best_of) == (
+        "shapes",
+        "trivialaugment",
+        "ema",
+    )
+    assert recipe.train.mixup_alpha > 0 and recipe.train.cutmix_alpha > 0 and recipe.train.ema_decay is not None
+    assert recipe.dataset.random_erasing > 0 and recipe.loss.label_smoothing > 0
 
 
 def test_every_former_trainer_key_has_one_new_place_that_exists() -> None:
@@ -284,8 +336,7 @@ def test_a_former_trainer_key_gets_one_line_naming_its_new_place(override: str, 
 @pytest.mark.parametrize("dataset", sorted(p.stem for p in (CONF_DIR / "dataset").glob("*.yaml")))
 def test_debug_fast_composes_and_validates_with_every_dataset(dataset: str, tmp_path: Path) -> None:
     """Its size keys are the dataset's own (conf/debug_dataset/): generated sets shrink, the others stop early."""
-    root = [f"dataset.root={tmp_path}"] if dataset in ("imagefolder", "shards") else []
-    settings = validate(compose_cfg("debug=fast", f"dataset={dataset}", *root))
+    settings = validate(compose_cfg("debug=fast", f"dataset={dataset}", *_dataset_args(dataset, tmp_path)))
     assert settings.dataset.image_size == 32 and settings.data.batch_size == 32
     if hasattr(settings.dataset, "num_train"):
         assert (settings.dataset.num_train, settings.dataset.num_val, settings.train.max_steps) == (256, 64, None)

@@ -157,6 +157,7 @@ def test_the_readme_example_trains_as_written(tmp_path: Path, monkeypatch: pytes
     assert metrics["skipped_samples"] == 1  # the user's Image.open met it; the guard replaced it
     per_image = metrics["pipeline"]["stage_ms_per_image"]
     assert per_image["decode"] > 0 and per_image["augment"] > 0, per_image  # the user's __getitem__: decode
+    assert metrics["environment"]["decoder"]["in_use"].startswith(f"{module}.{cls}.__getitem__ (dataset=custom)")
 
 
 class Pixels(Dataset):

@@ -44,6 +44,7 @@ class DatasetConfig:
     std: list[float] = field(default_factory=lambda: list(IMAGENET_STD))
     augment: AugmentPolicy = AugmentPolicy.rrc_flip  # none, rrc_flip, trivialaugment, randaugment, autoaugment
     randaugment_ops: int = checked(2, at_least(1, note="operations per image"))  # with augment=randaugment
+    # RandAugment's strength of every operation, 0-30 (its num_magnitude_bins is 31); with augment=randaugment
     randaugment_magnitude: int = checked(9, lambda v: None if 0 <= v <= 30 else "expected an integer in [0, 30]")
     # per image, the chance of one random rectangle filled with the mean (torchvision's RandomErasing), per batch
     random_erasing: float = checked(0.0, _probability)
@@ -113,7 +114,10 @@ class ImageFolderConfig(DatasetConfig):
     val_fraction: float = checked(0.1, _fraction)  # used only when root has no val/ folder
     split_seed: int = 0
     image_size: int = checked(224, at_least(8, note="pixels"))
-    val_resize: int | None = None  # null = image_size / 0.875, the usual ImageNet ratio
+    val_resize: int | None = None  # null = val_image_size / 0.875, the usual ImageNet ratio
+    # the validation centre crop, pixels; null = image_size. A recipe may train smaller than it tests, e.g.
+    # torchvision's ResNet-50 recipe: 176-px training crops, 232-px resize, 224-px validation crops
+    val_image_size: int | None = checked(None, at_least(8, note="pixels", null="image_size"))
     decode: Decode = Decode.cpu
 
 
@@ -127,7 +131,10 @@ class ShardsConfig(DatasetConfig):
     name: str = "shards"
     root: str | None = None  # required: the DST that imgtrain-shards wrote, a directory or s3://bucket/prefix
     image_size: int = checked(224, at_least(8, note="pixels"))
-    val_resize: int | None = None  # null = image_size / 0.875, the usual ImageNet ratio
+    val_resize: int | None = None  # null = val_image_size / 0.875, the usual ImageNet ratio
+    # the validation centre crop, pixels; null = image_size. A recipe may train smaller than it tests, e.g.
+    # torchvision's ResNet-50 recipe: 176-px training crops, 232-px resize, 224-px validation crops
+    val_image_size: int | None = checked(None, at_least(8, note="pixels", null="image_size"))
     decode: Decode = Decode.cpu
     # Object storage only: LitData keeps the chunks it fetches under cache_dir/<bucket>/<prefix>/<split>, on each
     # node, shared by the ranks there; cache_limit_gb caps that (null: LitData's default, 75% of the free disk
@@ -159,7 +166,10 @@ class CsvConfig(DatasetConfig):
     train: str | None = None  # required: the training split's file
     val: str | None = None  # required: the validation split's file
     image_size: int = checked(224, at_least(8, note="pixels"))
-    val_resize: int | None = None  # null = image_size / 0.875, the usual ImageNet ratio
+    val_resize: int | None = None  # null = val_image_size / 0.875, the usual ImageNet ratio
+    # the validation centre crop, pixels; null = image_size. A recipe may train smaller than it tests, e.g.
+    # torchvision's ResNet-50 recipe: 176-px training crops, 232-px resize, 224-px validation crops
+    val_image_size: int | None = checked(None, at_least(8, note="pixels", null="image_size"))
 
 
 @dataclass
@@ -174,5 +184,8 @@ class CustomConfig(DatasetConfig):
     dataset_class: str = MISSING  # dataset._target_ on the command line
     num_classes: int | None = checked(None, at_least(1, null="from the dataset's `classes` attribute"))
     image_size: int = checked(224, at_least(8, note="pixels"))
-    val_resize: int | None = None  # null = image_size / 0.875, the usual ImageNet ratio
+    val_resize: int | None = None  # null = val_image_size / 0.875, the usual ImageNet ratio
+    # the validation centre crop, pixels; null = image_size. A recipe may train smaller than it tests, e.g.
+    # torchvision's ResNet-50 recipe: 176-px training crops, 232-px resize, 224-px validation crops
+    val_image_size: int | None = checked(None, at_least(8, note="pixels", null="image_size"))
     options: dict[str, Any] = field(default_factory=dict)  # the group's other keys, passed to the constructor

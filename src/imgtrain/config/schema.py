@@ -24,7 +24,6 @@ from imgtrain.config.datasets import (
     CifarConfig,
     CsvConfig,
     CustomConfig,
-    DatasetConfig,
     ImageFolderConfig,
     ShapesConfig,
     ShardsConfig,
@@ -205,7 +204,8 @@ _SMOOTHING = "expected a number in [0, 1)"
 class CrossEntropyConfig:
     """torch.nn.CrossEntropyLoss: hard labels, or the soft ones mixup/cutmix make."""
 
-    _target_: str = "torch.nn.CrossEntropyLoss"
+    _target_: str = "torch.nn.CrossEntropyLoss"  # a loss module's class: (logits, targets) -> the mean loss
+    # the share of each target moved to the uniform distribution, in [0, 1); torchvision's recipes use 0.1
     label_smoothing: float = checked(0.0, lambda v: None if 0.0 <= v < 1.0 else _SMOOTHING)
 
 
@@ -213,8 +213,9 @@ class CrossEntropyConfig:
 class FocalLossConfig:
     """Focal loss (Lin et al., 2017) on the softmax: cross-entropy weighted by (1 - p)^gamma per example."""
 
-    _target_: str = "imgtrain.train.losses.FocalLoss"
-    gamma: float = checked(2.0, at_least(0, "a number"))
+    _target_: str = "imgtrain.train.losses.FocalLoss"  # a loss module's class: (logits, targets) -> the mean loss
+    gamma: float = checked(2.0, at_least(0, "a number"))  # the focusing exponent; 0 = cross-entropy
+    # the share of each target moved to the uniform distribution, in [0, 1)
     label_smoothing: float = checked(0.0, lambda v: None if 0.0 <= v < 1.0 else _SMOOTHING)
 
 
@@ -222,18 +223,18 @@ class FocalLossConfig:
 class WarmupCosineConfig:
     """Linear warm-up, then a cosine to zero at the last step."""
 
-    _target_: str = "imgtrain.train.schedules.warmup_cosine"
-    warmup_epochs: float = checked(0.5, at_least(0, "a number"))
+    _target_: str = "imgtrain.train.schedules.warmup_cosine"  # (optimizer, steps_per_epoch, total_steps, ...)
+    warmup_epochs: float = checked(0.5, at_least(0, "a number"))  # linear from lr / warm-up steps to lr; 0 = none
 
 
 @dataclass
 class StepDecayConfig:
     """Linear warm-up, then the LR times `gamma` every `step_epochs` epochs (torchvision's StepLR recipe)."""
 
-    _target_: str = "imgtrain.train.schedules.warmup_step"
-    warmup_epochs: float = checked(0.0, at_least(0, "a number"))
-    step_epochs: float = checked(30.0, lambda v: None if v > 0 else "expected epochs > 0")
-    gamma: float = checked(0.1, lambda v: None if 0.0 < v <= 1.0 else "expected a factor in (0, 1]")
+    _target_: str = "imgtrain.train.schedules.warmup_step"  # (optimizer, steps_per_epoch, total_steps, ...)
+    warmup_epochs: float = checked(0.0, at_least(0, "a number"))  # linear from lr / warm-up steps to lr; 0 = none
+    step_epochs: float = checked(30.0, lambda v: None if v > 0 else "expected epochs > 0")  # counted after warm-up
+    gamma: float = checked(0.1, lambda v: None if 0.0 < v <= 1.0 else "expected a factor in (0, 1]")  # per drop
 
 
 # ----------------------------------------------------------------------------- training, by concern

@@ -110,7 +110,7 @@ def train_transform(
 
 
 def eval_transform(image_size: int, resize: int | None = None) -> v2.Compose:
-    """Resize the short side to `resize` (default image_size / 0.875), then a centre crop."""
+    """Resize the short side to `resize` (default image_size / 0.875), then a centre crop of image_size."""
     return v2.Compose([v2.Resize(resize or int(image_size / 0.875), antialias=True), v2.CenterCrop(image_size)])
 
 
@@ -123,12 +123,15 @@ def imagenet_transforms(
     randaugment_magnitude: int = 9,
     random_erasing: float = 0.0,
     mean: Any = IMAGENET_MEAN,
+    val_image_size: int | None = None,
 ) -> tuple[Any, Any]:
-    """(training, validation) transforms of the ImageNet-style datasets (imagefolder, shards, csv, custom).
-    augment=none trains on the validation transform (then random erasing, if asked)."""
+    """(training, validation) transforms of the ImageNet-style datasets (imagefolder, shards, csv, custom): training
+    crops of image_size, validation's of val_image_size (None: image_size). augment=none trains on the validation
+    transform at image_size (then random erasing, if asked)."""
     keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
-    val_tf = eval_transform(image_size, val_resize)
-    train_tf = training_transform(image_size, val_tf, augment, random_erasing=random_erasing, mean=mean, **keys)
+    val_tf = eval_transform(val_image_size or image_size, val_resize)
+    untouched = val_tf if val_image_size in (None, image_size) else eval_transform(image_size, val_resize)
+    train_tf = training_transform(image_size, untouched, augment, random_erasing=random_erasing, mean=mean, **keys)
     return train_tf, val_tf
 
 
@@ -365,6 +368,7 @@ def build_imagefolder(
     randaugment_ops: int = 2,
     randaugment_magnitude: int = 9,
     random_erasing: float = 0.0,
+    val_image_size: int | None = None,
 ) -> DatasetBundle:
     """root/train/<class>/* and root/val/<class>/*, or root/<class>/* split by val_fraction.
 
@@ -373,9 +377,8 @@ def build_imagefolder(
     root = os.path.abspath(os.path.expanduser(root))
     (train_paths, train_labels), (val_paths, val_labels), classes = folder_splits(root, val_fraction, split_seed)
     keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
-    train_tf, val_tf = imagenet_transforms(
-        image_size, val_resize, augment, random_erasing=random_erasing, mean=triple(mean), **keys
-    )
+    keys |= {"random_erasing": random_erasing, "val_image_size": val_image_size}
+    train_tf, val_tf = imagenet_transforms(image_size, val_resize, augment, mean=triple(mean), **keys)
     if decode != "cuda":  # nvJPEG decodes on the GPU: no CPU decoder needed
         decoders.check(f"dataset={name}", alternative="use dataset.decode=cuda on a GPU")
     files = EncodedFileDataset if decode == "cuda" else ImageFileDataset

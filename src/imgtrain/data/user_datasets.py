@@ -47,13 +47,14 @@ def build_csv(
     train: str,
     val: str,
     val_resize: int | None,
+    val_image_size: int | None = None,
 ) -> DatasetBundle:
     """dataset=csv: a CSV (or TSV) per split, read as data/csv_rows.py says; the images are decoded lazily by
     the workers, like an image folder's. `validate` has checked that both files exist."""
     (train_paths, train_labels), (val_paths, val_labels), classes = csv_splits(train, val)
-    train_tf, val_tf = _transforms(
-        image_size, val_resize, augment, randaugment_ops, randaugment_magnitude, random_erasing, mean
-    )
+    keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
+    keys |= {"random_erasing": random_erasing, "val_image_size": val_image_size}
+    train_tf, val_tf = imagenet_transforms(image_size, val_resize, augment, mean=mean, **keys)
     decoders.check(f"dataset={name}")
     return DatasetBundle(
         train=ImageFileDataset(train_paths, train_labels, classes, train_tf),
@@ -64,18 +65,6 @@ def build_csv(
         std=triple(std),
         name=name,
         classes=classes,
-    )
-
-
-def _transforms(image_size, val_resize, augment, ops, magnitude, erasing, mean) -> tuple[Any, Any]:
-    return imagenet_transforms(
-        image_size,
-        val_resize,
-        augment,
-        randaugment_ops=ops,
-        randaugment_magnitude=magnitude,
-        random_erasing=erasing,
-        mean=mean,
     )
 
 
@@ -240,15 +229,16 @@ def build_custom(
     num_classes: int | None,
     val_resize: int | None,
     options: dict[str, Any],
+    val_image_size: int | None = None,
 ) -> DatasetBundle:
     """dataset=custom: `dataset_class` (dataset._target_) called once per split, split="train" or "val" with the
     group's other keys (`options`), each wrapped in a UserDataset; the classes from its `classes` or num_classes."""
     cls = import_dataset_class(dataset_class)
     train_set, val_set = (construct(cls, dataset_class, split, dict(options)) for split in ("train", "val"))
     classes = dataset_classes(train_set, val_set, dataset_class, num_classes)
-    train_tf, val_tf = _transforms(
-        image_size, val_resize, augment, randaugment_ops, randaugment_magnitude, random_erasing, mean
-    )
+    keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
+    keys |= {"random_erasing": random_erasing, "val_image_size": val_image_size}
+    train_tf, val_tf = imagenet_transforms(image_size, val_resize, augment, mean=mean, **keys)
     return DatasetBundle(
         train=UserDataset(train_set, train_tf, classes, dataset_class),
         val=UserDataset(val_set, val_tf, classes, dataset_class),

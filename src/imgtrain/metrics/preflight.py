@@ -27,6 +27,7 @@ from imgtrain.data import decoders
 from imgtrain.data.datasets import EncodedFileDataset, ImageFileDataset
 from imgtrain.data.pipeline import RunData
 from imgtrain.data.streamed import StreamedSplit
+from imgtrain.data.user_datasets import UserDataset
 from imgtrain.host import dist
 from imgtrain.metrics.environment import ProbePaths, fingerprint, fs_kind, guarded
 
@@ -202,6 +203,8 @@ def _decoder_in_use(settings: Config, data: RunData) -> str:
         return "nvJPEG (torchvision.io.decode_jpeg on the GPU)"
     if isinstance(data.bundle.train, ImageFileDataset | StreamedSplit):  # files decoded by the workers
         return decoders.describe()
+    if isinstance(data.bundle.train, UserDataset):  # dataset=custom: its own __getitem__ reads and decodes
+        return f"{data.bundle.train.source}.__getitem__ (dataset=custom), timed as the decode stage"
     return "none (images held in memory)"
 
 

@@ -36,7 +36,7 @@ from imgtrain.resilience.faults import Faults, Preempted
 from imgtrain.sweep.report import STOPPED, build_report
 from imgtrain.train.cli import one_line
 from imgtrain.train.loop import Components, fit
-from imgtrain.train.model import memory_format_for, prepare_model, resolve_precision
+from imgtrain.train.model import check_model, memory_format_for, prepare_model, resolve_precision
 from imgtrain.train.step import build_step
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ def run(cfg: DictConfig) -> float | NotMeasured:
     """
     try:
         settings = validate(cfg)  # every value is checked before any data is touched
+        check_model(settings.model)  # and the model's name (imports torchvision's registry or timm): one line
         summary = _run(settings)
     except Preempted as stop:
         _end_sweep(stop)

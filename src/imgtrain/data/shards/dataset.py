@@ -210,6 +210,7 @@ def build_shards(
     randaugment_ops: int = 2,
     randaugment_magnitude: int = 9,
     random_erasing: float = 0.0,
+    val_image_size: int | None = None,
 ) -> DatasetBundle:
     """The converted dataset at `root`, checked before any step: the store answers, the manifest is there and every
     shard has the size the converter wrote (one line naming what is wrong otherwise)."""
@@ -222,7 +223,8 @@ def build_shards(
     for split in SPLITS:
         check_files(store, manifest, split)
     keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
-    chosen = imagenet_transforms(image_size, val_resize, augment, random_erasing=random_erasing, mean=mean, **keys)
+    keys |= {"random_erasing": random_erasing, "val_image_size": val_image_size}
+    chosen = imagenet_transforms(image_size, val_resize, augment, mean=mean, **keys)
     transforms = dict(zip(SPLITS, chosen, strict=True))
     train, val = (
         ShardSplit(
