@@ -45,14 +45,14 @@ shards: $(SETUP) ## Pack an image folder into shards: make shards SRC=<image fol
 	@test -n "$(SRC)" -a -n "$(DST)" || { echo "usage: make shards SRC=<image folder> DST=<directory or s3://bucket/prefix> [ARGS='--shard-mb 64']"; exit 2; }
 	$(RUN) -m imgtrain.data.shards.command "$(SRC)" "$(DST)" $(ARGS)
 
-bench: $(SETUP) ## The benchmark harness (~40 min on 2 CPUs; the checkpoint section is 16, breakdown 10): JSON in benchmarks/results/, report appended to BENCHMARKS.md
+bench: $(SETUP) ## The benchmark harness (~60 min on 2 CPUs; the checkpoint section is 16, augment-loaders 15, breakdown 10): JSON in benchmarks/results/, report appended to BENCHMARKS.md
 	$(RUN) benchmarks/bench.py $(ARGS)
 
 bench-quick: $(SETUP) ## The harness's smoke test: every path, few steps, report to a temporary directory
 	$(RUN) benchmarks/bench.py --quick --workdir $$(mktemp -d) --json /tmp/imgtrain-bench-quick.json --markdown /tmp/imgtrain-bench-quick.md
 
-bench-gpu: $(SETUP) ## The GPU sections of the harness (gpu-ceilings, gpu-jpeg; ~10 min on one H100); timm's side: ARGS='--timm-train PATH'
-	$(RUN) benchmarks/bench.py --only gpu-ceilings,gpu-jpeg $(ARGS)
+bench-gpu: $(SETUP) ## The GPU sections of the harness (gpu-ceilings, gpu-jpeg, recipe-cost; ~15 min on one H100); timm's side: ARGS='--timm-train PATH'
+	$(RUN) benchmarks/bench.py --only gpu-ceilings,gpu-jpeg,recipe-cost $(ARGS)
 
 test: $(SETUP) ## Run the fast test suite in TEST_WORKERS processes (2 min on 2 cores; slow tests: make test-slow)
 	$(RUN) -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)

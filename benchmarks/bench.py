@@ -20,10 +20,11 @@ Sections, in one invocation on this machine (`--only` picks some, e.g. `--only g
                 decode, torchvision's against imgtrain's; the crop-and-resize kernels data/batched.py chooses
                 between. About 10 s each on 2 cores;
   augment-loaders  the training loader's images/s per worker with dataset.augment=rrc_flip, trivialaugment and
-                randaugment on 500x375 JPEGs, against timm 1.0.28's loader with the same policy (its wheel from the
-                peer kit, in a directory of its own), interleaved rounds (benchmarks/recipes.py); about 10 minutes;
+                randaugment on 500x375 JPEGs, against timm 1.0.28's create_loader with the nearest policy it has (its
+                wheel from the peer kit, in a directory of its own), interleaved rounds (benchmarks/recipes.py); about
+                15 minutes on 2 cores;
   recipe-cost   the cost per step of mixup/cutmix and of EMA: train.py, ResNet-18 at 32 px on synthetic data, against
-                the same run without them, interleaved rounds (benchmarks/recipes.py); about 7 minutes on 2 cores.
+                the same run without them, interleaved rounds (benchmarks/recipes.py); about 5 minutes on 2 cores.
 The GPU sections run only where CUDA is available, otherwise their rows say "not measured". Every GPU row
 measures at least 200 steady-state steps. Every figure comes from a real run's metrics.json (or the bare
 loop's or timm's output, or, for the kernel sections, this process's clock); nothing is estimated. Results go

@@ -49,7 +49,10 @@ BAD_INPUT = [
     ("data.batch_size=0", "data.batch_size=0 is invalid: expected an integer >= 1"),
     ("data.prefetch_factor=0", "data.prefetch_factor=0 is invalid: expected null or an integer >= 1"),
     ("data.multiprocessing_context=threads", "expected one of [fork, spawn, forkserver]"),
-    ("dataset=bogus", "Available options in 'dataset': cifar10, cifar100, csv, custom, imagefolder, shapes, shards, synthetic"),
+    (
+        "dataset=bogus",
+        "Available options in 'dataset': cifar10, cifar100, csv, custom, imagefolder, shapes, shards, synthetic",
+    ),
     ("data.no_such_key=1", "Key 'no_such_key' not in 'DataConfig'"),
     ("data.batch_size=abc", "data.batch_size=abc: Value 'abc' of type 'str' could not be converted to Integer"),
     ("system.precision=fp16", "system.precision=fp16 needs a CUDA device: on CPU use fp32 or bf16"),

@@ -395,9 +395,10 @@ def test_nvml_follows_cuda_visible_devices(visible: str) -> None:
 
 
 # ----------------------------------------------------------------------------- no hidden syncs
-@pytest.mark.parametrize("path", ["default", "prefetcher", "device_resident"])
+@pytest.mark.parametrize("path", ["default", "prefetcher", "device_resident", "recipe"])
 def test_no_host_device_sync_between_two_logging_windows(path: str, tmp_path: Path, monkeypatch) -> None:
-    """Steady-state steps run under torch.cuda.set_sync_debug_mode("error"): any sync raises."""
+    """Steady-state steps run under torch.cuda.set_sync_debug_mode("error"): any sync raises. `recipe`: with
+    mixup/cutmix on the device batch, random erasing and an EMA updated every step (issue 32)."""
     torch.cuda.set_sync_debug_mode("error")
     with pytest.raises(RuntimeError):  # the detector works on this torch: a .item() is caught
         torch.ones(1, device=CUDA).item()
@@ -428,6 +429,9 @@ def test_no_host_device_sync_between_two_logging_windows(path: str, tmp_path: Pa
         f"data.prefetch_to_device={str(path == 'prefetcher').lower()}",
         f"data.device_resident={str(path == 'device_resident').lower()}",
     ]
+    if path == "recipe":
+        overrides += ["train.mixup_alpha=0.2", "train.cutmix_alpha=1.0", "train.ema_decay=0.999"]
+        overrides += ["dataset.random_erasing=0.25"]
     try:
         run(compose_cfg(*overrides, output_dir=str(tmp_path)))
     finally:
