@@ -376,9 +376,16 @@ def build_imagefolder(
     """
     root = os.path.abspath(os.path.expanduser(root))
     (train_paths, train_labels), (val_paths, val_labels), classes = folder_splits(root, val_fraction, split_seed)
-    keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
-    keys |= {"random_erasing": random_erasing, "val_image_size": val_image_size}
-    train_tf, val_tf = imagenet_transforms(image_size, val_resize, augment, mean=triple(mean), **keys)
+    train_tf, val_tf = imagenet_transforms(
+        image_size,
+        val_resize,
+        augment,
+        randaugment_ops=randaugment_ops,
+        randaugment_magnitude=randaugment_magnitude,
+        random_erasing=random_erasing,
+        mean=triple(mean),
+        val_image_size=val_image_size,
+    )
     if decode != "cuda":  # nvJPEG decodes on the GPU: no CPU decoder needed
         decoders.check(f"dataset={name}", alternative="use dataset.decode=cuda on a GPU")
     files = EncodedFileDataset if decode == "cuda" else ImageFileDataset

@@ -52,9 +52,16 @@ def build_csv(
     """dataset=csv: a CSV (or TSV) per split, read as data/csv_rows.py says; the images are decoded lazily by
     the workers, like an image folder's. `validate` has checked that both files exist."""
     (train_paths, train_labels), (val_paths, val_labels), classes = csv_splits(train, val)
-    keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
-    keys |= {"random_erasing": random_erasing, "val_image_size": val_image_size}
-    train_tf, val_tf = imagenet_transforms(image_size, val_resize, augment, mean=mean, **keys)
+    train_tf, val_tf = imagenet_transforms(
+        image_size,
+        val_resize,
+        augment,
+        randaugment_ops=randaugment_ops,
+        randaugment_magnitude=randaugment_magnitude,
+        random_erasing=random_erasing,
+        mean=mean,
+        val_image_size=val_image_size,
+    )
     decoders.check(f"dataset={name}")
     return DatasetBundle(
         train=ImageFileDataset(train_paths, train_labels, classes, train_tf),
@@ -236,9 +243,16 @@ def build_custom(
     cls = import_dataset_class(dataset_class)
     train_set, val_set = (construct(cls, dataset_class, split, dict(options)) for split in ("train", "val"))
     classes = dataset_classes(train_set, val_set, dataset_class, num_classes)
-    keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
-    keys |= {"random_erasing": random_erasing, "val_image_size": val_image_size}
-    train_tf, val_tf = imagenet_transforms(image_size, val_resize, augment, mean=mean, **keys)
+    train_tf, val_tf = imagenet_transforms(
+        image_size,
+        val_resize,
+        augment,
+        randaugment_ops=randaugment_ops,
+        randaugment_magnitude=randaugment_magnitude,
+        random_erasing=random_erasing,
+        mean=mean,
+        val_image_size=val_image_size,
+    )
     return DatasetBundle(
         train=UserDataset(train_set, train_tf, classes, dataset_class),
         val=UserDataset(val_set, val_tf, classes, dataset_class),

@@ -20,6 +20,14 @@ class WeightAverage:
         self.base, self.every = base, every
         self.averaged = AveragedModel(base, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
         self.averaged.eval()  # only ever validated
+        # (averaged, current) tensor lists per device and dtype, paired once: the tensors are updated in place (by
+        # the optimizer, BatchNorm and load_state_dict), so the same lists serve every update
+        groups: dict[tuple[torch.device, torch.dtype], tuple[list, list]] = defaultdict(lambda: ([], []))
+        for mine, theirs in zip(_tensors(self.averaged.module), _tensors(base), strict=True):
+            group = groups[(mine.device, mine.dtype)]
+            group[0].append(mine)
+            group[1].append(theirs)
+        self.groups = list(groups.values())
 
     @property
     def module(self) -> nn.Module:
@@ -35,17 +43,12 @@ class WeightAverage:
         the CPU: its `multi_avg_fn` (one foreach lerp per device and dtype) on the same tensors."""
         if step % self.every:
             return
-        pairs = zip(_tensors(self.averaged.module), _tensors(self.base), strict=True)
-        if int(self.averaged.n_averaged) == 0:  # the CPU counter: no sync
-            for mine, theirs in pairs:
-                mine.copy_(theirs)
-        else:
-            groups: dict[tuple[torch.device, torch.dtype], tuple[list, list]] = defaultdict(lambda: ([], []))
-            for mine, theirs in pairs:
-                group = groups[(mine.device, mine.dtype)]
-                group[0].append(mine)
-                group[1].append(theirs)
-            for averaged, current in groups.values():
+        first = int(self.averaged.n_averaged) == 0  # the CPU counter: no sync
+        for averaged, current in self.groups:
+            if first:
+                for mine, theirs in zip(averaged, current, strict=True):
+                    mine.copy_(theirs)
+            else:
                 self.averaged.multi_avg_fn(averaged, current, None)
         self.averaged.n_averaged += 1
 

@@ -222,9 +222,16 @@ def build_shards(
     manifest: Manifest = read_manifest(store)
     for split in SPLITS:
         check_files(store, manifest, split)
-    keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
-    keys |= {"random_erasing": random_erasing, "val_image_size": val_image_size}
-    chosen = imagenet_transforms(image_size, val_resize, augment, mean=mean, **keys)
+    chosen = imagenet_transforms(
+        image_size,
+        val_resize,
+        augment,
+        randaugment_ops=randaugment_ops,
+        randaugment_magnitude=randaugment_magnitude,
+        random_erasing=random_erasing,
+        mean=mean,
+        val_image_size=val_image_size,
+    )
     transforms = dict(zip(SPLITS, chosen, strict=True))
     train, val = (
         ShardSplit(
