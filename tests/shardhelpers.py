@@ -53,8 +53,9 @@ def slowed_conversion(
     killed on the way out if it still runs (a failed test leaves nothing running)."""
     code = (
         "import sys, time; from imgtrain.data.shards import convert as c; real = c.decode_problem; "
-        f"c.decode_problem = lambda data, path: time.sleep(0.05) or real(data, path) if {slowed!r} in path else "
-        f"real(data, path); sys.exit(c.main([{str(source)!r}, {str(dst)!r}, '--workers', '{workers}']))"
+        f"c.decode_problem = lambda data, path, *limit: time.sleep(0.05) or real(data, path, *limit) if {slowed!r} in "
+        f"path else real(data, path, *limit); "
+        f"sys.exit(c.main([{str(source)!r}, {str(dst)!r}, '--workers', '{workers}']))"
     )
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(

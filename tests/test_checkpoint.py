@@ -216,7 +216,7 @@ def test_a_background_save_holds_the_state_of_the_step_it_was_asked_at(tmp_path:
     assert written["progress"]["step"] == 5
     for key in ("model", "optimizer"):
         assert _same(written[key], sync[key]), key
-    assert written["scheduler"] == sync["scheduler"] and written["rng"]["torch"].equal(sync["rng"]["torch"])
+    assert written["optimizer_class"] == sync["optimizer_class"] and written["rng"]["torch"].equal(sync["rng"]["torch"])
 
 
 def _same(a, b) -> bool:

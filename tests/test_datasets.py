@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import compose_cfg
+from imagefiles import lying_jpeg, png_file
 from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.datasets import CIFAR10
@@ -24,11 +26,13 @@ from torchvision.datasets import cifar as cifar_module
 from torchvision.transforms import v2
 
 import imgtrain
+from imgtrain.config.schema import validate
 from imgtrain.data import shapes
 from imgtrain.data.cifar import build_cifar
 from imgtrain.data.datasets import (
     CorruptSampleError,
     DatasetBundle,
+    EncodedFileDataset,
     ImageFileDataset,
     build_imagefolder,
     build_shapes,
@@ -359,3 +363,123 @@ def test_a_truncated_image_is_a_corrupt_sample_with_a_one_line_reason(tmp_path, 
         _one_file(cut)[0]
     assert caught.value.path == str(cut) and caught.value.reason
     assert ".cpp" not in caught.value.reason and "\n" not in caught.value.reason  # no C++ source location
+
+
+# ----------------------------------------------------------------------------- an image's size, read before decoding
+def _sized(path: Path, limit: int | None, cls: type = ImageFileDataset) -> ImageFileDataset:
+    return cls([str(path)], [0], ["a"], v2.Identity(), max_pixels=limit)
+
+
+@pytest.mark.parametrize("ext", ["jpg", "png", "webp", "gif", "tif", "bmp"])
+def test_an_image_above_max_image_pixels_is_unreadable_and_named_with_its_size(tmp_path, ext):
+    """TorchCodec's formats and PIL's alike: the header's size against the limit, one pixel either side."""
+    path = tmp_path / f"image.{ext}"
+    _picture("RGB").save(path)  # 64 x 45 = 2880 pixels
+    with pytest.raises(CorruptSampleError) as caught:
+        _sized(path, 2879)[0]
+    assert caught.value.reason == "64x45 pixels (0.00288 MP) is above dataset.max_image_pixels=2879; not decoded"
+    assert _sized(path, 2880)[0][0].shape == _sized(path, None)[0][0].shape == (3, 45, 64)
+
+
+def test_a_header_is_checked_before_anything_decodes_the_file(tmp_path):
+    """A JPEG whose header claims 3000x2000 over 16x16 data decodes, grey, with only a warning on stderr; a PNG
+    whose header claims 5000x5000 over 4 rows fails in the decoder. Above the limit, both are refused for the size
+    their header claims: nothing decoded them."""
+    lying = tmp_path / "lying.jpg"
+    lying.write_bytes(lying_jpeg(3000, 2000))
+    assert _sized(lying, None)[0][0].shape == (3, 2000, 3000)  # what the header is believed for without a limit
+    with pytest.raises(CorruptSampleError, match=r": 3000x2000 pixels \(6 MP\) is above dataset.max_image_pixels="):
+        _sized(lying, 10**6)[0]
+    garbage = tmp_path / "garbage.png"
+    garbage.write_bytes(png_file(np.zeros((4, 8), np.uint8), claimed=(5000, 5000)))
+    with pytest.raises(CorruptSampleError) as decoded:
+        _sized(garbage, None)[0]
+    assert "pixels" not in decoded.value.reason  # the decoder's own complaint
+    with pytest.raises(CorruptSampleError, match=r": 5000x5000 pixels \(25 MP\) is above dataset.max_image_pixels="):
+        _sized(garbage, 10**6)[0]
+
+
+def test_pils_own_guard_follows_the_key(tmp_path, monkeypatch):
+    """PIL refuses an image above twice its Image.MAX_IMAGE_PIXELS: with dataset.max_image_pixels=null (or a limit
+    above PIL's) a TIFF decodes all the same; with a limit, the one line is ours. PIL's setting is left as it was."""
+    path = tmp_path / "image.tif"
+    _picture("RGB").save(path)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # as if the image were twice PIL's default
+    assert _sized(path, None)[0][0].shape == _sized(path, 5000)[0][0].shape == (3, 45, 64)
+    with pytest.raises(CorruptSampleError, match=r"64x45 pixels \(0.00288 MP\) is above dataset.max_image_pix"):
+        _sized(path, 2000)[0]
+    assert Image.MAX_IMAGE_PIXELS == 1000
+
+
+def test_decode_cuda_workers_check_the_size_in_the_jpeg_markers(tmp_path):
+    """dataset.decode=cuda: the workers hand nvJPEG only what its frame header allows (the same line as the CPU)."""
+    lying = lying_jpeg(3000, 2000)
+    assert jpeg_problem(lying) is None and jpeg_problem(lying, max_pixels=6 * 10**6) is None
+    assert jpeg_problem(lying, max_pixels=10**6) == (
+        "3000x2000 pixels (6 MP) is above dataset.max_image_pixels=1000000; not decoded"
+    )
+    path = tmp_path / "lying.jpg"
+    path.write_bytes(lying)
+    with pytest.raises(CorruptSampleError, match=r"lying.jpg: 3000x2000 pixels \(6 MP\) is above"):
+        _sized(path, 10**6, EncodedFileDataset)[0]
+    assert _sized(path, None, EncodedFileDataset)[0][0].path == str(path)
+
+
+def test_max_image_pixels_is_a_key_of_every_dataset_that_reads_files(tmp_path):
+    write_images(tmp_path / "a", 3)
+    write_images(tmp_path / "b", 3)
+    for decode, cls in (("cpu", ImageFileDataset), ("cuda", EncodedFileDataset)):
+        bundle = imagefolder(tmp_path, decode=decode, max_image_pixels=1000)
+        assert type(bundle.train) is cls and bundle.train.max_pixels == bundle.val.max_pixels == 1000
+    assert imagefolder(tmp_path).train.max_pixels == Image.MAX_IMAGE_PIXELS == 89_478_485  # PIL's, by default
+    for name in ("imagefolder", "csv", "custom dataset._target_=my.Data", "shards"):
+        cfg = compose_cfg(*f"dataset={name}".split(), "dataset.max_image_pixels=0")
+        with pytest.raises(ConfigError, match=r"^dataset.max_image_pixels=0 is invalid: expected null \(no limit\) or"):
+            validate(cfg)
+
+
+# ----------------------------------------------------------------------------- 16-bit and float images
+# Every 16th 16-bit level: among them, levels where value / 257 rounded and the high byte (>> 8) differ
+LEVELS = np.arange(0, 65536, 16, dtype=np.uint16).reshape(64, 64)
+
+
+def to_8_bit(levels: np.ndarray) -> np.ndarray:
+    """What libpng (TorchCodec) makes of 16-bit PNG levels: value / 257, rounded."""
+    return ((levels.astype(np.int64) + 128) // 257).astype(np.uint8)
+
+
+def _deep(tmp_path: Path, ext: str, mode: str) -> Path:
+    """LEVELS as a file: 16-bit gray (I;16, I;16B), 32-bit integer (I), float 0..1 (F), or 16-bit RGB."""
+    path = tmp_path / f"image.{ext}"
+    if mode == "RGB;16":
+        path.write_bytes(png_file(np.stack([LEVELS, LEVELS.T, LEVELS[::-1]], axis=-1)))
+        return path
+    arrays = {"I;16": LEVELS, "I;16B": LEVELS.astype(">u2"), "I": LEVELS.astype(np.int32)}
+    image = Image.fromarray(arrays[mode] if mode in arrays else (LEVELS / 65535).astype(np.float32))
+    assert image.mode == mode
+    image.save(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("ext", "mode"), [("png", "I;16"), ("tif", "I;16"), ("tif", "I;16B"), ("tif", "I"), ("tif", "F"), ("png", "RGB;16")]
+)
+def test_16_bit_and_float_images_keep_their_values_on_every_path(tmp_path, ext, mode):
+    """PNG through TorchCodec, TIFF through PIL (which clips I;16 to 255 when it converts to RGB): the same 8-bit
+    levels, a 16-bit value v as round(v / 257), a float one as round(f * 255)."""
+    image, _ = _one_file(_deep(tmp_path, ext, mode))[0]
+    expected = to_8_bit(LEVELS)
+    if mode == "RGB;16":
+        expected = np.stack([expected, expected.T, expected[::-1]])
+    elif mode == "F":
+        expected = np.rint((LEVELS / 65535).astype(np.float32) * 255).astype(np.uint8)
+    assert image.dtype == torch.uint8 and image.shape == (3, 64, 64)
+    assert np.array_equal(image.numpy(), np.broadcast_to(expected, (3, 64, 64)))
+
+
+def test_a_float_image_outside_0_to_1_is_unreadable_not_saturated(tmp_path):
+    path = tmp_path / "levels.tif"
+    Image.fromarray(LEVELS.astype(np.float32)).save(path)  # 0..65520 as floats: read as 0..1, it would be white
+    with pytest.raises(CorruptSampleError) as caught:
+        _one_file(path)[0]
+    assert caught.value.reason == "float pixels from 0 to 65520, outside the 0..1 a float image is read in"

@@ -95,6 +95,24 @@ def test_a_trace_that_cannot_be_written_costs_the_trace_only(tmp_path: Path, cap
     assert profiler.trace is None
 
 
+def test_the_trace_and_table_replace_a_planted_link_never_write_through(tmp_path: Path) -> None:
+    """profile/ is the run's own, but links sit at the trace's and the table's names (a directory others may
+    write to): each file is written whole under a name of its own, then renamed over the link."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "profile").mkdir()
+    for name in ("trace_rank0.json.gz", "top_ops_rank0.txt"):
+        (tmp_path / "profile" / name).symlink_to(victim)
+    profiler = _profiler(tmp_path, steps_left=10)
+    with profiler:
+        _steps(profiler, 3)
+    assert victim.read_text() == "precious\n"
+    trace, table = Path(profiler.trace), tmp_path / "profile" / "top_ops_rank0.txt"
+    assert not trace.is_symlink() and {PREFIX + name for name in RANGES} <= _names_in(trace)
+    assert not table.is_symlink() and "aten::mm" in table.read_text()
+    assert sorted(p.name for p in trace.parent.iterdir()) == ["top_ops_rank0.txt", "trace_rank0.json.gz"]
+
+
 def test_the_profiled_steps_are_left_out_of_the_steady_state_on_every_rank(tmp_path: Path) -> None:
     """They run slower (every op recorded, then the trace written); rank 1 has no trace but waits for rank 0."""
     for rank in (0, 1):

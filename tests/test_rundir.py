@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -140,3 +141,42 @@ def test_a_run_directory_that_cannot_be_written_fails_before_training(
         run(compose_cfg(*FAST, output_dir=str(tmp_path / "run")))
     assert "cannot be written (Read-only file system)" in str(caught.value)
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+AHEAD = 100_000_000.0  # another host's clock, three years ahead (or a time set by hand)
+
+
+def test_a_heartbeat_from_the_future_is_said_to_be_and_never_counts_as_fresh(tmp_path: Path) -> None:
+    """Its age is unknown: the lock is not taken over by age, and the line says why instead of a negative age."""
+    _write_lock(tmp_path, heartbeat=time.time() + AHEAD)
+    with pytest.raises(RunError) as caught:
+        RunDirLock(tmp_path).acquire()
+    message = str(caught.value)
+    assert "heartbeat from the future: the lock file's time is 100000000 s ahead of this host's clock" in message
+    assert "s ago" not in message and "\n" not in message and f"delete {tmp_path / LOCK_NAME}" in message
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["token"] == "x"  # never taken over
+
+
+def test_a_requeued_job_counts_a_heartbeat_from_the_future_from_when_it_saw_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same job on another host, its lock dated in the future: silence for STALE_AFTER_S, seen from here,
+    settles it (a holder that beats is refused: test_rundir_races.py). It waited ~3 years before."""
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setattr(rundir, "STALE_AFTER_S", 1.0)
+    monkeypatch.setattr(rundir, "WAIT_POLL_S", 0.05, raising=False)
+    _write_lock(tmp_path, heartbeat=time.time() + AHEAD, job="SLURM_JOB_ID=4242")
+    done: list[float] = []
+
+    def take() -> None:
+        started = time.monotonic()
+        with RunDirLock(tmp_path):
+            done.append(time.monotonic() - started)
+
+    with caplog.at_level(logging.WARNING):
+        taker = threading.Thread(target=take, daemon=True)  # daemon: a wait of years must not hold pytest
+        taker.start()
+        taker.join(timeout=20)
+    assert done and 0.9 < done[0] < 10, done
+    assert "its heartbeat, from the future, has not moved for 1 s" in caplog.text

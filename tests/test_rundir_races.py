@@ -118,7 +118,7 @@ def test_a_holder_of_the_same_job_on_another_host_that_beats_is_refused(tmp_path
 HERE = json.dumps({"pid": "abc", "host": socket.gethostname(), "started": 0})  # int("abc") was a ValueError
 BEYOND = '{"pid": 1, "host": "h", "started": 1e300}'  # datetime.fromtimestamp raised OverflowError
 MALFORMED = ["null", "[]", '{"pid": "abc"}', HERE, '{"pid": -1, "host": "h", "started": 0}', '{"pid": 1}', BEYOND]
-MALFORMED += [b"\xff{", ""]
+MALFORMED += [b"\xff{", "", pytest.param("[" * 100_000, id="nested-100000-deep")]  # Python's parser: RecursionError
 
 
 @pytest.mark.parametrize("text", MALFORMED)

@@ -16,6 +16,7 @@ import psutil
 import pytest
 import torch
 from helpers import compose_cfg, read_metrics
+from imagefiles import lying_jpeg
 from shardhelpers import failure, pack, shards_args
 
 pytest.importorskip("litdata", reason="dataset=shards needs the shards extra: pip install -e '.[shards]'")
@@ -320,3 +321,32 @@ def test_shards_packed_from_a_csv_train(source: Path, tmp_path: Path) -> None:
     run(compose_cfg(*shards_args(tmp_path / "out"), "train.max_steps=2", output_dir=str(tmp_path / "run")))
     metrics = read_metrics(tmp_path / "run")
     assert metrics["steps"] == 2 and metrics["val_count"] == 16 and metrics["dataset"] == "shards"
+
+
+def test_the_converter_leaves_out_an_image_above_max_image_pixels(source: Path, tmp_path: Path, capsys) -> None:
+    """Its header read, never decoded: listed with its size, as training would find it."""
+    src = tmp_path / "src"
+    shutil.copytree(source, src)
+    huge = sorted((src / "train" / "ring").iterdir())[0]
+    huge.write_bytes(lying_jpeg(3000, 2000))  # decoded, it would be 3000x2000 of grey
+    assert pack(src, tmp_path / "out", "--max-image-pixels", "1000000") == 0
+    out = capsys.readouterr().out
+    reason = "3000x2000 pixels (6 MP) is above dataset.max_image_pixels=1000000; not decoded"
+    assert f"unreadable, left out: {huge.relative_to(src)}: {reason}" in out
+    assert json.loads((tmp_path / "out" / MANIFEST).read_text())["unreadable"] == {str(huge.relative_to(src)): reason}
+    with pytest.raises(SystemExit):
+        pack(src, tmp_path / "other", "--max-image-pixels", "0")
+    assert "argument --max-image-pixels: '0': expected pixels >= 1, or none (no limit)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gpu_decode", [False, True])
+def test_shards_check_each_image_against_max_image_pixels_before_decoding(shards: Path, gpu_decode: bool) -> None:
+    """The workers of dataset=shards (and of decode=cuda on shards) refuse a stored image above the limit: the 32x32
+    shapes, with a limit one pixel below them, are all dropped from validation, each named with its size."""
+    split = shard_split(shards, "val", eval_transform(24), gpu_decode=gpu_decode)
+    split.max_pixels = 32 * 32 - 1
+    plan = plan_loader(DataConfig(num_workers=0, val_batch_size=16), train=False, device_type="cpu")
+    batches = list(make_loader(split, plan, train=False, seed=0))
+    reasons = {reason for batch in batches for _, reason in batch.skipped}
+    assert all(batch.images is None for batch in batches) and sum(len(batch.skipped) for batch in batches) == 64
+    assert reasons == {"32x32 pixels (0.00102 MP) is above dataset.max_image_pixels=1023; not decoded"}

@@ -262,7 +262,7 @@ def _edit_manifest(root: Path, change) -> None:
 
 
 CONVERTER_CASES = {
-    "partial cut short": (lambda dst: _partial(dst, '{"fingerprint": '), f"{PARTIAL} cannot be read (Expecting"),
+    "partial cut short": (lambda dst: _partial(dst, '{"fingerprint": '), f"{PARTIAL} cannot be read (not valid JSON"),
     "partial count a string": (
         lambda dst: _partial(dst, json.dumps({"fingerprint": "x", "done": {"val": {"samples": "1", "files": {}}}})),
         "cannot be read (the val split's sample count is '1', not a whole number",

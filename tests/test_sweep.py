@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 import random
@@ -18,6 +19,7 @@ import pytest
 import yaml
 from helpers import CONF_DIR, FAST, ROOT, _env, _wait_for, compose_cfg, run_train
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from PIL import Image
 
 from imgtrain.metrics import report, spread
@@ -218,7 +220,10 @@ def test_a_tie_within_noise_recommends_the_cheapest_setting(tmp_path: Path) -> N
     assert best is rows[0] and best["standing"] == "recommended: cheapest of a tie"
     assert [row["standing"] for row in rows[1:]] == ["tied", "tied"]
     line = decision(rows, ["data.num_workers"], best)
-    assert line.startswith("Tied within noise: data.num_workers=0, data.num_workers=2, data.num_workers=4")
+    assert line.startswith(
+        "Tied within noise: data.num_workers=0, data.num_workers=2, data.num_workers=4 (their intervals overlap, or "
+        "they differ by less than the sweep's resolution, 10%"
+    )
     assert "Recommended: data.num_workers=0, the cheapest of them (pin_memory=false, then fewest workers" in line
     assert "memory peak is within 10% of the lowest" in line
 
@@ -659,3 +664,186 @@ def test_a_search_with_no_measured_trial_ends_in_the_report_and_one_line(tmp_pat
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith("error: no trial of the search was measured") and "train.max_steps" in line
     assert "warm-up" in (sweep / "sweep_summary.md").read_text()
+
+
+def _report_as_the_callback_does(sweep: Path) -> None:
+    """The multirun's end, in-process: what Hydra calls after the last job."""
+    SweepReport().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+
+
+GOOD = {"rate": 100.0, "windows": [99.0, 101.0, 100.0, 98.0, 102.0, 100.0]}
+DEEP = "[" * 100_000  # Python's JSON and YAML parsers recurse per level: a RecursionError, not a parse error
+# A damaged job file (relative path, text) -> the status and the start of the reason its row shows.
+DAMAGE = {
+    "malformed YAML": (".hydra/overrides.yaml", "- data.num_workers=2\n- [unclosed\n", "damaged",
+                       ".hydra/overrides.yaml cannot be read (not YAML: expected ',' or ']'"),
+    "a list of ints": (".hydra/overrides.yaml", "- 1\n- 2\n", "damaged",
+                       ".hydra/overrides.yaml: expected a list of key=value overrides, found 1"),
+    "YAML nested too deeply": (".hydra/overrides.yaml", DEEP, "damaged",
+                               ".hydra/overrides.yaml cannot be read (nested too deeply to parse)"),
+    "a rate that is a word": ("metrics.json", json.dumps({**GOOD, "images_per_sec": "fast"}), "damaged",
+                              "metrics.json: images_per_sec is 'fast', expected a number or null"),
+    "a window that is a word": ("metrics.json", json.dumps({"images_per_sec_windows": [1.0, "x"]}), "damaged",
+                                "metrics.json: images_per_sec_windows is [1.0, 'x'], expected a list of numbers"),
+    "a loader flag that is a word": ("metrics.json", json.dumps({"loader": {"pin_memory": "yes"}}), "damaged",
+                                     "metrics.json: loader.pin_memory is 'yes', expected true or false or null"),
+    "a rate no float holds": ("metrics.json", json.dumps({**GOOD, "images_per_sec": 10**400}), "damaged",
+                              "metrics.json: images_per_sec is 1000000000000000000000000000000000000..."),
+    "an integer too long to parse": ("metrics.json", '{"images_per_sec": ' + "1" * 5000 + "}", "damaged",
+                                     "metrics.json cannot be read (not valid JSON: Exceeds the limit"),
+    "JSON nested too deeply": ("metrics.json", DEEP, "damaged",
+                               "metrics.json cannot be read (nested too deeply to parse)"),
+    "a failure record nested too deeply": ("failed.json", DEEP, "failed",
+                                           "failed.json cannot be read (nested too deeply to parse)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", DAMAGE)
+def test_one_damaged_job_marks_its_row_and_the_report_goes_on(case: str, tmp_path: Path, capsys) -> None:
+    """Each of these lost the whole report ("could not build the sweep report", no sweep_summary.md)."""
+    name, text, status, reason = DAMAGE[case]
+    _fake_job(tmp_path, 0, ["data.num_workers=0"], dict(GOOD))
+    _fake_job(tmp_path, 1, ["data.num_workers=1"], {"rate": 200.0, "windows": [w * 2 for w in GOOD["windows"]]})
+    _fake_job(tmp_path, 2, ["data.num_workers=2"], dict(GOOD) if name != "failed.json" else None)
+    (tmp_path / "2" / name).write_text(text)
+    _report_as_the_callback_does(tmp_path)
+    rows = _csv_rows(tmp_path)
+    assert [row["status"] for row in rows] == ["ok", "ok", status]
+    assert rows[2]["reason"].startswith(reason), rows[2]["reason"]
+    markdown = (tmp_path / "sweep_summary.md").read_text()
+    assert "Fastest here: data.num_workers=1 at 200.0 images/s" in markdown
+    assert (tmp_path / "sweep_summary.png").stat().st_size > 0
+    out = capsys.readouterr().out
+    assert f"{status.upper()}: {reason}" in out and "Recursion" not in out
+
+
+def _pin_sweep(sweep: Path, rates: tuple[float, float], pinned: tuple[bool, bool]) -> None:
+    """data.pin_memory=true,false as Hydra writes the overrides, each job's metrics.json recording what its loader
+    used (`pinned`); the pinned-as-written job has the lower memory peak, as in the issue's CPU sweep."""
+    for num, (written, rate, used, pss) in enumerate(zip(("True", "False"), rates, pinned, (0.85, 0.99), strict=True)):
+        windows = _series(rate, rate * 0.05, seed=num)
+        loader = {"num_workers": 1, "pin_memory": used, "prefetch_factor": 2, "persistent_workers": True}
+        metrics = {"rate": rate, "windows": windows, "loader": loader, "pss_peak_gb": pss}
+        _fake_job(sweep, num, [f"data.pin_memory={written}", "debug=fast"], metrics)
+
+
+@pytest.mark.parametrize("rates", [(200.0, 200.0), (366.8, 137.9)], ids=["tied", "apart by noise"])
+def test_a_setting_the_device_ignored_is_never_recommended(rates: tuple[float, float], tmp_path: Path) -> None:
+    """On a CPU both jobs run unpinned ("data.pin_memory=true has no effect on cpu: using false"). The report
+    recommended data.pin_memory=True: on the tie by its lower memory peak, and as "Fastest here" when the
+    machine's noise set the two apart (366.8 and 137.9 images/s: a real sweep on the 2-core machine)."""
+    _pin_sweep(tmp_path, rates, pinned=(False, False))
+    best = build_report(tmp_path)
+    assert best is not None and best["overrides"]["data.pin_memory"] == "False"
+    line = next(line for line in (tmp_path / "sweep_summary.md").read_text().splitlines() if "Recommended" in line)
+    assert line.startswith(
+        "Tied within noise: data.pin_memory=True, data.pin_memory=False (their intervals overlap, they ran with the "
+        "same effective settings, or they differ by less than the sweep's resolution"
+    )
+    assert "Recommended: data.pin_memory=False, the cheapest of them" in line
+    assert line.endswith(
+        "data.pin_memory had no effect here: data.pin_memory=True and data.pin_memory=False ran with the same "
+        "effective settings (pin_memory=false), so the cheaper value as written is recommended."
+    )
+    rows = _csv_rows(tmp_path)
+    assert [row["standing"] for row in rows] == (["tied", "recommended: cheapest of a tie"])
+    notes = " ".join(row["confidence"] for row in rows)
+    assert re.search(
+        r"tied: it ran with the same effective settings as job [01] \(data.pin_memory had no effect", notes
+    )
+
+
+def test_a_setting_the_device_ignored_is_not_recommended_when_noise_split_its_twins(tmp_path: Path) -> None:
+    """pin_memory=true,false x num_workers=0,1 on a CPU: the machine's noise put the unpinned 0-worker job apart
+    from a tie that holds its pinned twin. Twins are tied together, so the cheapest is still the unpinned one."""
+    loader = {"num_workers": 0, "pin_memory": False, "prefetch_factor": None, "persistent_workers": None}
+    for job, (workers, pin, rate) in enumerate([(0, "True", 195.0), (0, "False", 100.0), (1, "True", 200.0),
+                                                (1, "False", 200.0)]):  # fmt: skip
+        used = {
+            **loader,
+            "num_workers": workers,
+            **({"prefetch_factor": 2, "persistent_workers": True} if workers else {}),
+        }
+        metrics = {"rate": rate, "windows": _series(rate, rate * 0.03, seed=job), "loader": used, "pss_peak_gb": 1.0}
+        _fake_job(tmp_path, job, [f"data.num_workers={workers}", f"data.pin_memory={pin}"], metrics)
+    best = build_report(tmp_path)
+    assert best is not None and best["job"] == "1"
+    line = next(line for line in (tmp_path / "sweep_summary.md").read_text().splitlines() if "Recommended" in line)
+    assert "Recommended: data.num_workers=0 data.pin_memory=False, the cheapest of them" in line
+    assert line.endswith(
+        "data.pin_memory had no effect here: data.pin_memory=True and data.pin_memory=False ran with the same "
+        "effective settings (pin_memory=false), so the cheaper value as written is recommended."
+    )
+
+
+def test_a_setting_that_took_effect_is_ranked_as_measured(tmp_path: Path) -> None:
+    """The same figures on CUDA, where the pinned job ran pinned: it is the fastest, separated from the other."""
+    _pin_sweep(tmp_path, (366.8, 137.9), pinned=(True, False))
+    best = build_report(tmp_path)
+    assert best is not None and best["overrides"]["data.pin_memory"] == "True" and best["standing"] == "fastest"
+    assert "had no effect" not in (tmp_path / "sweep_summary.md").read_text()
+
+
+OTHER_UID = 4242 if os.geteuid() != 4242 else 4243  # a user other than the one running the tests
+
+
+def _foreign_link(link: Path, target: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A symbolic link at `link` to `target`, owned by another user as a planted one would be: root gives it away
+    (os.lchown); any other user is told it is someone else (os.geteuid), which is all the report can ask."""
+    link.symlink_to(target)
+    try:
+        os.lchown(link, OTHER_UID, OTHER_UID)
+    except PermissionError:
+        monkeypatch.setattr(os, "geteuid", lambda: link.lstat().st_uid + 1)
+    return link
+
+
+@pytest.mark.parametrize("name", ["sweep_summary.md", "sweep_summary.csv", "sweep_summary.png"])
+def test_the_report_never_writes_through_another_users_link(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, capsys
+) -> None:
+    """A link another user planted at one of the report's names: none of its files is written, one line says why,
+    the console summary still ends the sweep, and what the link points at is untouched."""
+    sweep, victim = tmp_path / "sweep", tmp_path / "victim"
+    victim.write_text("precious\n")
+    _fake_job(sweep, 0, ["data.num_workers=0"], dict(GOOD))
+    link = _foreign_link(sweep / name, victim, monkeypatch)
+    with caplog.at_level(logging.ERROR, logger="imgtrain.sweep.report"):
+        _report_as_the_callback_does(sweep)
+    assert victim.read_text() == "precious\n" and link.is_symlink()
+    assert not [path for path in sweep.iterdir() if path.name.startswith(("sweep_summary", ".sweep_summary"))][1:]
+    (record,) = caplog.records
+    line = record.getMessage()
+    assert line.startswith(f"the sweep report's files are not written: {link} is a symbolic link owned by "), line
+    assert f"uid {link.lstat().st_uid}" in line and "pass another hydra.sweep.dir" in line and "\n" not in line
+    assert "Nothing to compare" in capsys.readouterr().out
+
+
+def test_the_report_never_writes_through_another_users_link_behind_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep's own link to a shared folder, where another user put a link at the name it points to."""
+    sweep, shared, victim = tmp_path / "sweep", tmp_path / "shared", tmp_path / "victim"
+    shared.mkdir()
+    victim.write_text("precious\n")
+    _fake_job(sweep, 0, ["data.num_workers=0"], dict(GOOD))
+    (sweep / "sweep_summary.md").symlink_to(shared / "sweep_summary.md")
+    planted = _foreign_link(shared / "sweep_summary.md", victim, monkeypatch)
+    build_report(sweep)
+    assert victim.read_text() == "precious\n" and planted.is_symlink()
+    assert not (sweep / "sweep_summary.csv").exists()  # none of the three, as for a link at the name itself
+
+
+def test_the_report_follows_its_users_own_links(tmp_path: Path) -> None:
+    """The report's files linked by the sweep's own user (to a shared folder, say): written there, links kept."""
+    sweep, shared = tmp_path / "sweep", tmp_path / "shared"
+    shared.mkdir()
+    _fake_job(sweep, 0, ["data.num_workers=0"], dict(GOOD))
+    for name in ("sweep_summary.md", "sweep_summary.csv", "sweep_summary.png"):
+        (sweep / name).symlink_to(shared / name)
+    build_report(sweep)
+    assert all((sweep / name).is_symlink() for name in ("sweep_summary.md", "sweep_summary.csv", "sweep_summary.png"))
+    assert "Nothing to compare: data.num_workers=0" in (shared / "sweep_summary.md").read_text()
+    assert _csv_rows(shared)[0]["status"] == "ok"
+    with Image.open(shared / "sweep_summary.png") as image:
+        assert image.format == "PNG"

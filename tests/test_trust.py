@@ -67,13 +67,21 @@ def test_a_torch_with_known_weights_only_bypasses_loads_no_checkpoint(
 @pytest.mark.parametrize(
     ("damage", "said"),
     [
-        (lambda p: p["progress"].update(bogus=1), "unexpected keyword argument 'bogus'"),
-        (lambda p: p.pop("rng"), "no 'rng'"),
-        (lambda p: p.update(global_batch="many"), "invalid literal for int()"),
+        (lambda p: p["progress"].update(bogus=1), "its field progress.bogus is not a field imgtrain saves"),
+        (lambda p: p.pop("rng"), "its field rng is missing"),
+        (lambda p: p.update(global_batch="many"), "its field global_batch is 'many' (a str), expected a whole number"),
+        (lambda p: p.update(model=[1, 2]), "its field model is [1, 2] (a list), expected a state_dict"),
+        (lambda p: p.update(optimizer="x"), "its field optimizer is 'x' (a str), expected an optimizer's state_dict"),
+        (lambda p: p["progress"].update(step="5"), "its field progress.step is '5' (a str), expected a whole number"),
+        (lambda p: p["model"].update({"0.weight": "w"}), "its field model.0.weight is 'w' (a str), expected a tensor"),
+        (lambda p: p["optimizer"]["param_groups"].append(3), "its field optimizer.param_groups[2] is 3 (an int)"),
+        (lambda p: p["progress"].update(val=[1]), "its field progress.val is [1] (a list), expected a mapping"),
     ],
-    ids=["unknown progress key", "no rng", "global batch not a number"],
+    ids=["unknown progress key", "no rng", "global batch", "model", "optimizer", "step", "a weight", "group", "val"],
 )
-def test_a_checkpoint_of_another_shape_is_one_line(checkpoint: Path, tmp_path: Path, damage, said: str) -> None:
+def test_a_checkpoint_of_another_shape_is_one_line_naming_the_field(
+    checkpoint: Path, tmp_path: Path, damage, said: str
+) -> None:
     payload = torch.load(checkpoint, weights_only=True)
     damage(payload)
     with pytest.raises(RunError) as caught:
@@ -81,6 +89,24 @@ def test_a_checkpoint_of_another_shape_is_one_line(checkpoint: Path, tmp_path: P
     line = str(caught.value)
     assert "\n" not in line and line.startswith(f"the checkpoint {tmp_path / 'edited.pt'} is not one imgtrain can")
     assert said in line
+
+
+@pytest.mark.parametrize("version", ["1", None, True, 0])
+def test_a_checkpoint_whose_version_is_not_a_number_is_one_line(checkpoint: Path, tmp_path: Path, version) -> None:
+    payload = torch.load(checkpoint, weights_only=True)
+    payload["version"] = version
+    with pytest.raises(ConfigError) as caught:
+        _resume_from(payload, tmp_path / "edited.pt", tmp_path / "run")
+    line = str(caught.value)
+    assert "\n" not in line and f"its version is {version!r}, not a format number (imgtrain writes 1)" in line
+
+
+def test_a_checkpoint_schedule_of_any_shape_is_not_read(checkpoint: Path, tmp_path: Path) -> None:
+    """The LR schedule follows the run's config (positioned by the samples seen): the saved one is never used."""
+    payload = torch.load(checkpoint, weights_only=True)
+    payload["scheduler"] = [1]
+    _resume_from(payload, tmp_path / "edited.pt", tmp_path / "run")  # train.max_steps=2 again: trains 0 more steps
+    assert (tmp_path / "run" / "metrics.json").exists()
 
 
 def test_the_collectives_carry_json_never_a_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,8 +148,8 @@ def test_one_damaged_job_file_marks_its_row_and_the_report_goes_on(tmp_path: Pat
         if failed is not None:
             (sweep / job / "failed.json").write_text(failed)
     rows, swept = collect(sweep)
-    assert swept == ["data.num_workers"] and [row["status"] for row in rows] == ["failed", "failed", "ok"]
-    assert rows[0]["reason"].startswith("metrics.json cannot be read (Expecting property name")
+    assert swept == ["data.num_workers"] and [row["status"] for row in rows] == ["damaged", "failed", "ok"]
+    assert rows[0]["reason"].startswith("metrics.json cannot be read (not valid JSON: Expecting property name")
     assert rows[1]["reason"] == "failed.json does not hold a JSON object"
     assert read_job(sweep / "2")["images_per_sec"] == 5.0
     assert json.loads((sweep / "2" / "metrics.json").read_text())  # the report only reads

@@ -14,12 +14,15 @@ import numpy as np
 import pytest
 import torch
 from helpers import ROOT, compose_cfg, read_metrics
-from PIL import Image
+from imagefiles import png_file
+from PIL import Image, UnidentifiedImageError
+from test_datasets import LEVELS
 from torch.utils.data import Dataset
 
 from imgtrain.config.schema import validate
 from imgtrain.data.csv_rows import csv_splits, read_rows
 from imgtrain.data.datasets import CorruptSampleError
+from imgtrain.data.decoders import decode_bytes
 from imgtrain.data.user_datasets import UserDataset, build_custom
 from imgtrain.resilience.errors import ConfigError, RunError
 from imgtrain.train.run import run
@@ -177,12 +180,16 @@ class Pixels(Dataset):
             "tensor": torch.from_numpy(np.stack([gray] * 3)),
             "tensor_gray": torch.from_numpy(gray)[None],
             "array": np.stack([gray] * 3, -1),
-            "float": torch.zeros(3, 20, 30),
+            "int32": torch.zeros(3, 20, 30, dtype=torch.int32),
+            "empty": torch.zeros(3, 0, 0, dtype=torch.uint8),
+            "empty_pil": Image.new("RGB", (30, 0)),
+            "float255": torch.linspace(0, 255, 600).reshape(1, 20, 30).repeat(3, 1, 1),
+            "bool": Image.fromarray(gray),
             "broken": None,
         }[self.kind]
         if self.kind == "broken":
             raise OSError("image file is truncated")
-        return image, np.int64(index % 3)
+        return image, bool(index % 2) if self.kind == "bool" else np.int64(index % 3)
 
 
 class NamedPixels(Pixels):
@@ -190,8 +197,10 @@ class NamedPixels(Pixels):
 
 
 def custom(dataset_class: str = "test_user_datasets.NamedPixels", num_classes: int | None = None, **options):
+    """build_custom with the group's keys as `options`; `limit` (an option here) is dataset.max_image_pixels."""
+    limit = {"max_image_pixels": options.pop("limit")} if "limit" in options else {}
     return build_custom(
-        "custom", 16, MEAN, STD, "rrc_flip", 2, 9, 0.0, dataset_class, num_classes, None, options
+        "custom", 16, MEAN, STD, "rrc_flip", 2, 9, 0.0, dataset_class, num_classes, None, options, **limit
     )  # fmt: skip
 
 
@@ -227,7 +236,8 @@ def test_custom_classes_from_num_classes_and_unreadable_items_go_to_the_guard() 
         (lambda: custom("test_user_datasets.Pixels"), "has no `classes` attribute: give it one (the class names) or"),
         (lambda: custom(num_classes=4), "dataset.num_classes=4 but dataset._target_=test_user_datasets.NamedPix"),
         (lambda: custom(count=0), "(split='train') has no items"),
-        (lambda: custom(kind="float").train.decoded(0), "item 0's image is a Tensor of torch.float32 [3, 20, 30]"),
+        (lambda: custom(kind="int32").train.decoded(0), "item 0's image is a Tensor of torch.int32 [3, 20, 30]"),
+        (lambda: custom(kind="bool").train.decoded(1), "item 1's label is True: expected an int class index in 0..2"),
         (lambda: custom("test_user_datasets.Pixels", num_classes=2).train.decoded(2), "item 2's label is np.int64"),
     ],
 )
@@ -235,3 +245,198 @@ def test_a_bad_custom_dataset_is_one_line(call, expected: str) -> None:
     with pytest.raises(ConfigError) as caught:
         call()
     assert expected in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+
+
+# ----------------------------------------------------------------------------- an error in the user's __getitem__
+ERRORS = {
+    "KeyError": KeyError("label"),
+    "TypeError": TypeError("'NoneType' object is not subscriptable"),
+    "ZeroDivisionError": ZeroDivisionError("division by zero"),
+    "NotImplementedError": NotImplementedError("subclass it"),
+    "OSError": OSError("broken data stream when reading image file"),
+    "UnidentifiedImageError": UnidentifiedImageError("cannot identify image file"),
+    "RuntimeError": RuntimeError("Image is incomplete or truncated."),  # TorchCodec's, torchvision.io's
+}
+
+
+class Failing(NamedPixels):
+    """A dataset whose __getitem__ raises ERRORS[error] at every index."""
+
+    def __init__(self, split: str, error: str = "KeyError") -> None:
+        super().__init__(split, count=24)
+        self.error = error
+
+    def __getitem__(self, index: int):
+        raise ERRORS[self.error]
+
+
+@pytest.mark.parametrize("error", ["OSError", "UnidentifiedImageError", "RuntimeError"])
+def test_an_io_or_decoding_error_in_a_custom_getitem_is_an_unreadable_image(error: str) -> None:
+    with pytest.raises(CorruptSampleError) as caught:
+        custom("test_user_datasets.Failing", error=error).train.decoded(2)
+    assert caught.value.path == "test_user_datasets.Failing[2]" and caught.value.reason
+
+
+@pytest.mark.parametrize("error", ["KeyError", "TypeError", "ZeroDivisionError", "NotImplementedError"])
+def test_any_other_error_in_a_custom_getitem_is_one_line_naming_index_type_and_message(error: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        custom("test_user_datasets.Failing", error=error).train.decoded(2)
+    assert str(caught.value) == (
+        f"dataset._target_=test_user_datasets.Failing: __getitem__(2) raised {error}: {ERRORS[error]}; fix the "
+        "dataset's code (an image it cannot read should raise OSError: that is counted against data.max_bad_samples)"
+    )
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_bug_in_a_custom_dataset_ends_the_run_in_one_line_also_from_a_worker(workers: int, tmp_path: Path) -> None:
+    args = ["dataset=custom", "dataset._target_=test_user_datasets.Failing", "+dataset.error=KeyError", *FEW_STEPS]
+    error = failure(*args, f"data.num_workers={workers}", run_dir=tmp_path / "run")
+    assert isinstance(error, ConfigError), error
+    expected = r"dataset._target_=test_user_datasets.Failing: __getitem__\(\d+\) raised KeyError: 'label'; fix .*"
+    assert re.fullmatch(expected, str(error)), error
+
+
+def test_an_empty_custom_image_is_unreadable() -> None:
+    with pytest.raises(CorruptSampleError) as caught:
+        custom(kind="empty").train.decoded(2)
+    assert caught.value.path == "test_user_datasets.NamedPixels[2]"
+    assert caught.value.reason == "an empty image of 0x0 pixels"
+    with pytest.raises(CorruptSampleError, match=r"NamedPixels\[1\]: an empty image of 30x0 pixels$"):
+        custom(kind="empty_pil").train.decoded(1)
+
+
+# ----------------------------------------------------------------------------- 16-bit and float custom images
+class Deep(NamedPixels):
+    """LEVELS (every 16th 16-bit level) as a user's Dataset may return them: PIL images of 16-bit, 32-bit integer
+    and float modes, uint16 and float arrays and tensors (float: 0..1)."""
+
+    def __getitem__(self, index: int):
+        floats = LEVELS / 65535
+        image = {
+            "pil_I;16": lambda: Image.fromarray(LEVELS),
+            "pil_I;16B": lambda: Image.fromarray(LEVELS.astype(">u2")),
+            "pil_I": lambda: Image.fromarray(LEVELS.astype(np.int32)),
+            "pil_F": lambda: Image.fromarray(floats.astype(np.float32)),
+            "array_uint16": lambda: np.stack([LEVELS] * 3, axis=-1),
+            "tensor_uint16": lambda: torch.from_numpy(LEVELS.astype(np.int32)).to(torch.uint16)[None],
+            "array_float64": lambda: floats,
+            "tensor_float32": lambda: torch.from_numpy(np.stack([floats] * 3)).float(),
+        }[self.kind]()
+        return image, 0
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["pil_I;16", "pil_I;16B", "pil_I", "pil_F", "array_uint16", "tensor_uint16", "array_float64", "tensor_float32"],
+)
+def test_custom_16_bit_and_float_images_are_scaled_as_a_16_bit_png_decodes(kind: str) -> None:
+    png = decode_bytes(torch.frombuffer(bytearray(png_file(LEVELS)), dtype=torch.uint8), "levels.png")  # TorchCodec
+    raw, _ = custom("test_user_datasets.Deep", kind=kind).train.decoded(0)
+    assert raw.dtype == torch.uint8 and torch.equal(raw, png), (raw[0, 0, :6], png[0, 0, :6])
+
+
+def test_a_custom_float_image_outside_0_to_1_is_unreadable() -> None:
+    with pytest.raises(CorruptSampleError, match=r"\[0\]: float pixels from 0 to 255, outside the 0..1 a float imag"):
+        custom(kind="float255").train.decoded(0)
+
+
+# ----------------------------------------------------------------------------- dataset.max_image_pixels
+class Files(NamedPixels):
+    """The images under `root`, as a user's __getitem__ may give them: opened by PIL (lazily: the header read,
+    nothing decoded) or converted to RGB, opened by PIL in __init__ and handed over lazily, or decoded by another
+    library (here the template's own decoder, unlimited)."""
+
+    def __init__(self, split: str, root: str, how: str) -> None:
+        super().__init__(split)
+        self.paths, self.how = sorted(Path(root).iterdir()), how
+        self.opened = [Image.open(path) for path in self.paths] if how == "opened_in_init" else []
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        path = self.paths[index]
+        if self.how == "opened_in_init":
+            return self.opened[index], 0
+        if self.how == "decoded":
+            return decode_bytes(torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8), str(path), None), 0
+        image = Image.open(path)
+        return (image if self.how == "lazy" else image.convert("RGB")), 0
+
+
+@pytest.mark.parametrize(
+    ("how", "reason"),
+    [
+        ("lazy", "2880 pixels is above dataset.max_image_pixels=2000 (PIL's Image.open refused it); not decoded"),
+        ("converted", "2880 pixels is above dataset.max_image_pixels=2000 (PIL's Image.open refused it); not decoded"),
+        ("opened_in_init", "64x45 pixels (0.00288 MP) is above dataset.max_image_pixels=2000; not decoded"),
+        ("decoded", "64x45 pixels (0.00288 MP) is above dataset.max_image_pixels=2000 (decoded by the dataset's code)"),
+    ],
+)
+def test_a_custom_image_above_max_image_pixels_is_unreadable(tmp_path: Path, how: str, reason: str) -> None:
+    """PIL's own guard follows dataset.max_image_pixels in the user's code: Image.open refuses the file before
+    decoding it. An image PIL opened before (lazily) is checked before it is decoded; one decoded some other way
+    and above the limit is refused as well."""
+    write_jpegs(tmp_path / "images", ["a.jpg"], size=(64, 45))
+    options = {"root": str(tmp_path / "images"), "how": how}
+    with pytest.raises(CorruptSampleError) as caught:
+        custom("test_user_datasets.Files", limit=2000, **options).train.decoded(0)
+    assert caught.value.reason == reason
+    assert custom("test_user_datasets.Files", limit=2880, **options).train.decoded(0)[0].shape == (3, 45, 64)
+    assert Image.MAX_IMAGE_PIXELS == 89_478_485  # PIL's setting as it was
+
+
+def test_a_csv_run_counts_an_image_above_max_image_pixels_as_unreadable(tmp_path: Path) -> None:
+    """The issue's run: a 12000-pixel file among 1200-pixel ones (a 12000x12000 one, scaled down) with the limit
+    between them is counted and named with its size, never decoded."""
+    cats = write_jpegs(tmp_path / "cats", [f"{i}.jpg" for i in range(12)])
+    dogs = write_jpegs(tmp_path / "dogs", [f"{i}.jpg" for i in range(12)])
+    (huge,) = write_jpegs(tmp_path / "big", ["huge.jpg"], size=(120, 100))
+    rows = [f"{p},cat" for p in cats] + [f"{p},dog" for p in dogs[:11]] + [f"{huge},dog"]
+    (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "val.csv").write_text(f"{cats[0]},cat\n{dogs[11]},dog\n")
+    args = ["dataset=csv", f"dataset.train={tmp_path / 'train.csv'}", f"dataset.val={tmp_path / 'val.csv'}"]
+    run(compose_cfg(*args, *FEW_STEPS, "dataset.max_image_pixels=10000", output_dir=str(tmp_path / "run")))
+    metrics = read_metrics(tmp_path / "run")
+    assert metrics["steps"] == 3 and metrics["skipped_samples"] == 1
+    assert metrics["unreadable_files"] == [
+        {"path": str(huge), "reason": "120x100 pixels (0.012 MP) is above dataset.max_image_pixels=10000; not decoded"}
+    ]
+
+
+# ----------------------------------------------------------------------------- what a CSV's text says
+def test_a_quote_left_open_in_the_middle_of_a_csv_is_one_line_naming_its_row(tmp_path: Path) -> None:
+    (tmp_path / "train.csv").write_text('a.jpg,cat\nb.jpg,"dog\nc.jpg,cat\nd.jpg,dog"\ne.jpg,cat\n')
+    with pytest.raises(ConfigError) as caught:
+        read_rows(str(tmp_path / "train.csv"), "dataset.train")
+    assert str(caught.value) == (
+        f"{tmp_path / 'train.csv'}:2: a quote opened in this row closes only on line 4, so lines 2-4 read as one "
+        "row (label 'dog\\nc.jpg,cat\\nd.jpg,dog'): close the quote on line 2, or remove it"
+    )
+
+
+def test_the_row_taken_as_a_header_is_said_in_the_log_with_why(tmp_path: Path, caplog) -> None:
+    write_jpegs(tmp_path, ["img002.jpg"])
+    (tmp_path / "train.csv").write_text("img001,cat\nimg002.jpg,cat\n")
+    with caplog.at_level(logging.INFO, logger="imgtrain.data.csv_rows"):
+        rows = read_rows(str(tmp_path / "train.csv"), "dataset.train")
+    assert rows == [(str(tmp_path / "img002.jpg"), "cat")]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == (
+        f"{tmp_path / 'train.csv'}:1: row 'img001,cat' taken as a header, not an image: 'img001' has no image "
+        f"extension and no file {tmp_path / 'img001'} exists; if it is an image's row, write its file's name with "
+        "the extension"
+    )
+
+
+def test_labels_that_differ_only_as_text_stay_apart_with_one_warning(tmp_path: Path, caplog) -> None:
+    (tmp_path / "train.csv").write_text("a.jpg,1\nb.jpg,01\nc.jpg,2\nd.jpg,02\ne.jpg,1\n")
+    (tmp_path / "val.csv").write_text("f.jpg,1\ng.jpg,001\n")
+    with caplog.at_level(logging.WARNING, logger="imgtrain.data.csv_rows"):
+        (_, train_labels), (_, val_labels), classes = csv_splits(str(tmp_path / "train.csv"), str(tmp_path / "val.csv"))
+    assert classes == ["001", "01", "1", "02", "2"] and train_labels == [2, 1, 4, 3, 2] and val_labels == [2, 0]
+    (line,) = [r.getMessage() for r in caplog.records if "same number" in r.getMessage()]
+    assert line.endswith(
+        "val.csv: labels are text: '001', '01' and '1' are the same number but 3 classes, as are '02' and '2' (5 "
+        "classes in all); write each class one way if they are one class"
+    )

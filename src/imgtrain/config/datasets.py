@@ -11,6 +11,9 @@ from imgtrain.config.fields import AugmentOn, Choice, at_least, checked
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
+# dataset.max_image_pixels' default: PIL's Image.MAX_IMAGE_PIXELS, the usual limit. A header may claim up to
+# 65535 x 65535 (4.3 GP, 13 GB decoded) in a few hundred bytes; the decoders believe it.
+MAX_IMAGE_PIXELS = 89_478_485
 
 
 class AugmentPolicy(Choice):
@@ -119,6 +122,9 @@ class ImageFolderConfig(DatasetConfig):
     # torchvision's ResNet-50 recipe: 176-px training crops, 232-px resize, 224-px validation crops
     val_image_size: int | None = checked(None, at_least(8, note="pixels", null="image_size"))
     decode: Decode = Decode.cpu
+    # a file whose header claims more pixels is unreadable (counted against data.max_bad_samples), never decoded;
+    # PIL's own guard follows it. Default: PIL's limit (89.5 MP); null = no limit
+    max_image_pixels: int | None = checked(MAX_IMAGE_PIXELS, at_least(1, note="pixels", null="no limit"))
 
 
 @dataclass
@@ -136,6 +142,9 @@ class ShardsConfig(DatasetConfig):
     # torchvision's ResNet-50 recipe: 176-px training crops, 232-px resize, 224-px validation crops
     val_image_size: int | None = checked(None, at_least(8, note="pixels", null="image_size"))
     decode: Decode = Decode.cpu
+    # a file whose header claims more pixels is unreadable (counted against data.max_bad_samples), never decoded;
+    # PIL's own guard follows it. Default: PIL's limit (89.5 MP); null = no limit
+    max_image_pixels: int | None = checked(MAX_IMAGE_PIXELS, at_least(1, note="pixels", null="no limit"))
     # Object storage only: LitData keeps the chunks it fetches under cache_dir/<bucket>/<prefix>/<split>, on each
     # node, shared by the ranks there; cache_limit_gb caps that (null: LitData's default, 75% of the free disk
     # leaving at least 50 GB). Below the split's size, each chunk is deleted after use and fetched again next epoch.
@@ -170,6 +179,9 @@ class CsvConfig(DatasetConfig):
     # the validation centre crop, pixels; null = image_size. A recipe may train smaller than it tests, e.g.
     # torchvision's ResNet-50 recipe: 176-px training crops, 232-px resize, 224-px validation crops
     val_image_size: int | None = checked(None, at_least(8, note="pixels", null="image_size"))
+    # a file whose header claims more pixels is unreadable (counted against data.max_bad_samples), never decoded;
+    # PIL's own guard follows it. Default: PIL's limit (89.5 MP); null = no limit
+    max_image_pixels: int | None = checked(MAX_IMAGE_PIXELS, at_least(1, note="pixels", null="no limit"))
 
 
 @dataclass
@@ -188,4 +200,7 @@ class CustomConfig(DatasetConfig):
     # the validation centre crop, pixels; null = image_size. A recipe may train smaller than it tests, e.g.
     # torchvision's ResNet-50 recipe: 176-px training crops, 232-px resize, 224-px validation crops
     val_image_size: int | None = checked(None, at_least(8, note="pixels", null="image_size"))
+    # a file whose header claims more pixels is unreadable (counted against data.max_bad_samples), never decoded;
+    # PIL's own guard follows it. Default: PIL's limit (89.5 MP); null = no limit
+    max_image_pixels: int | None = checked(MAX_IMAGE_PIXELS, at_least(1, note="pixels", null="no limit"))
     options: dict[str, Any] = field(default_factory=dict)  # the group's other keys, passed to the constructor

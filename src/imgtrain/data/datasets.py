@@ -18,7 +18,7 @@ import torchvision.transforms.v2.functional as F
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from imgtrain.config.datasets import IMAGENET_MEAN, AugmentPolicy
+from imgtrain.config.datasets import IMAGENET_MEAN, MAX_IMAGE_PIXELS, AugmentPolicy
 from imgtrain.data import batched, decoders, shapes, stages
 from imgtrain.data.decoders import DECODE_ERRORS, decode_bytes, error_reason, read_file
 from imgtrain.data.folders import folder_splits, list_images
@@ -157,9 +157,17 @@ def square_resize(image_size: int) -> v2.Resize:
 
 # ----------------------------------------------------------------------------- datasets
 class ImageFileDataset(Dataset):
-    """Lazily decoded image files with integer labels, shared by `shapes` and `imagefolder`."""
+    """Lazily decoded image files with integer labels, shared by `shapes`, `imagefolder` and `csv`. A file whose
+    header claims more than `max_pixels` pixels (dataset.max_image_pixels; None: no limit) is unreadable."""
 
-    def __init__(self, paths: list[str], labels: list[int], classes: list[str], transform: Any) -> None:
+    def __init__(
+        self,
+        paths: list[str],
+        labels: list[int],
+        classes: list[str],
+        transform: Any,
+        max_pixels: int | None = MAX_IMAGE_PIXELS,
+    ) -> None:
         # numpy arrays, not a list of (path, label) tuples: each worker touching refcounted python objects
         # would copy their pages (copy-on-write), multiplying RAM by num_workers + 1. Bytes, not np.str_,
         # which stores 4 bytes per character.
@@ -167,6 +175,7 @@ class ImageFileDataset(Dataset):
         self.labels = np.array(labels, dtype=np.int64)
         self.classes = list(classes)
         self.transform = transform
+        self.max_pixels = max_pixels
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -188,7 +197,7 @@ class ImageFileDataset(Dataset):
         try:
             data = read_file(path)
             read = time.perf_counter()
-            raw = decode_bytes(data, path)
+            raw = decode_bytes(data, path, self.max_pixels)
         except DECODE_ERRORS as error:
             raise CorruptSampleError(path, error_reason(error)) from None
         stages.record(read - started, time.perf_counter() - read)
@@ -205,7 +214,7 @@ class ImageFileDataset(Dataset):
 
 class EncodedFileDataset(ImageFileDataset):
     """JPEG files as undecoded bytes (dataset.decode=cuda): the training process decodes whole batches on the
-    GPU and applies `transform` there, so workers only read files (and check their markers)."""
+    GPU and applies `transform` there, so workers only read files (and check their markers and size)."""
 
     crop_spec = None  # the GPU decodes and transforms whole batches (data/gpu_decode.py)
 
@@ -217,7 +226,7 @@ class EncodedFileDataset(ImageFileDataset):
                 raw = bytearray(f.read())
         except OSError as error:
             raise CorruptSampleError(path, str(error.strerror or error)) from None
-        problem = jpeg_problem(raw)
+        problem = jpeg_problem(raw, self.max_pixels)
         if problem:
             raise CorruptSampleError(path, problem)
         stages.record(read=time.perf_counter() - started)  # decoding is timed on the GPU (gpu_decode)
@@ -369,6 +378,7 @@ def build_imagefolder(
     randaugment_magnitude: int = 9,
     random_erasing: float = 0.0,
     val_image_size: int | None = None,
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
 ) -> DatasetBundle:
     """root/train/<class>/* and root/val/<class>/*, or root/<class>/* split by val_fraction.
 
@@ -390,8 +400,8 @@ def build_imagefolder(
         decoders.check(f"dataset={name}", alternative="use dataset.decode=cuda on a GPU")
     files = EncodedFileDataset if decode == "cuda" else ImageFileDataset
     return DatasetBundle(
-        train=files(train_paths, train_labels, classes, train_tf),
-        val=files(val_paths, val_labels, classes, val_tf),
+        train=files(train_paths, train_labels, classes, train_tf, max_image_pixels),
+        val=files(val_paths, val_labels, classes, val_tf, max_image_pixels),
         num_classes=len(classes),
         image_size=image_size,
         mean=triple(mean),

@@ -9,11 +9,13 @@ does not load ends the run in one line (`check`); before 0.29 the run decodes wi
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import logging
 import re
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,13 +23,25 @@ import torch
 import torchvision
 from PIL import Image, UnidentifiedImageError
 
+from imgtrain.config.datasets import MAX_IMAGE_PIXELS
+from imgtrain.data.jpeg import JpegFrame, jpeg_frame, too_many_pixels
 from imgtrain.host.optional import LOAD_ERRORS
 from imgtrain.resilience.errors import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 
-# What a decoder raises on a file that is not a readable image (truncated, garbage, an unknown format).
-DECODE_ERRORS = (OSError, RuntimeError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+class OversizedImage(Exception):
+    """An image whose header claims more pixels than dataset.max_image_pixels: refused before anything decodes it."""
+
+
+# What a decoder raises on a file that is not a readable image (truncated, garbage, an unknown format, too large).
+DECODE_ERRORS = (OSError, RuntimeError, ValueError, SyntaxError, Image.DecompressionBombError, OversizedImage)
+# PIL's modes of more than 8 bits a channel: 16-bit gray (I;16 and its byte orders), 32-bit integers (I, where PIL's
+# PNG, PGM and TIFF readers put 16-bit samples too) and 32-bit floats (F). PIL's convert("RGB") clips them to 255.
+_DEEP_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I", "F"})
+# PIL's message when Image.open refuses an image for its size (DecompressionBombWarning or DecompressionBombError)
+_PIL_BOMB = re.compile(r"Image size \((\d+) pixels\)")
 # TorchCodec's and torchvision's C++ errors start with the throwing function and its source file on their build
 # machine.
 _SOURCE_LOCATION = re.compile(r"^\w+, \S+:\d+, ")
@@ -130,28 +144,106 @@ def error_reason(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def decode_problem(data: bytes, path: str) -> str | None:
-    """Why `data` (the bytes of the image file `path`) cannot be decoded the way training decodes it; None if it
-    can. What the converter checks before packing a file."""
+def decode_problem(data: bytes, path: str, max_pixels: int | None = MAX_IMAGE_PIXELS) -> str | None:
+    """Why `data` (the bytes of the image file `path`) cannot be decoded the way training decodes it (with
+    `max_pixels` as dataset.max_image_pixels); None if it can. What the converter checks before packing a file."""
     try:
-        decode_bytes(torch.frombuffer(bytearray(data), dtype=torch.uint8), path)
+        decode_bytes(torch.frombuffer(bytearray(data), dtype=torch.uint8), path, max_pixels)
     except DECODE_ERRORS as error:
         return error_reason(error)
     return None
 
 
-def decode_bytes(data: torch.Tensor, path: str) -> torch.Tensor:
+def decode_bytes(data: torch.Tensor, path: str, max_pixels: int | None = MAX_IMAGE_PIXELS) -> torch.Tensor:
     """An image file's bytes as a uint8 RGB tensor [3, H, W]: the CPU decoder (TorchCodec: libjpeg-turbo, libpng,
     libwebp) for JPEG, PNG, WebP and GIF, PIL for the other formats (from the same bytes, so images packed in shards
-    decode the same way; `path` names the image in errors). A damaged JPEG or PNG raises the decoder's error."""
+    decode the same way; `path` names the image in errors). A damaged JPEG or PNG raises the decoder's error.
+
+    The header is read first (a JPEG's markers, data/jpeg.py; PIL's lazy open for the rest), and an image above
+    `max_pixels` (dataset.max_image_pixels; None: no limit) raises OversizedImage without being decoded: a decoder
+    believes what a header claims, 60000 x 60000 in 333 bytes included."""
+    view = memoryview(data.numpy())
+    frame = jpeg_frame(view) if view[:3] == b"\xff\xd8\xff" else None
+    if isinstance(frame, JpegFrame):  # its frame header, found without PIL
+        _check_size(frame.width, frame.height, max_pixels)
+        return _decoded(data, None)
+    with _pil_opened(data) as image:  # PIL reads the header only, until the pixels are asked for
+        _check_size(*image.size, max_pixels)
+        return _decoded(data, image)
+
+
+def _check_size(width: int, height: int, max_pixels: int | None) -> None:
+    too_large = too_many_pixels(width, height, max_pixels)
+    if too_large:
+        raise OversizedImage(f"{too_large}; not decoded")
+
+
+def _decoded(data: torch.Tensor, opened: Image.Image | None) -> torch.Tensor:
+    """The CPU decoder's image, or PIL's (`opened`, or opened here) for a format the decoder does not read."""
     try:
         image = cpu_decoder().decode(data)
     except ValueError:  # a format the decoder does not read (BMP, TIFF, PPM, ...): its check of the magic bytes
-        return _decode_with_pil(data)
+        if opened is not None:
+            return pil_rgb(opened)
+        with _pil_opened(data) as reopened:
+            return pil_rgb(reopened)
     return image[0] if image.ndim == 4 else image  # an animated GIF or WebP: its first frame, as PIL gives
 
 
-def _decode_with_pil(data: torch.Tensor) -> torch.Tensor:
-    with Image.open(io.BytesIO(data.numpy().tobytes())) as img:
-        array = np.asarray(img.convert("RGB"), dtype=np.uint8)
+@contextlib.contextmanager
+def _pil_opened(data: torch.Tensor) -> Iterator[Image.Image]:
+    """PIL's lazy image of `data`, its guard lifted: the size is checked against dataset.max_image_pixels by the
+    caller (and PIL's own limit might be below the key's)."""
+    with pil_guard(None), Image.open(io.BytesIO(data.numpy().tobytes())) as image:
+        yield image
+
+
+@contextlib.contextmanager
+def pil_guard(max_pixels: int | None) -> Iterator[None]:
+    """PIL's own guard at `max_pixels` (dataset.max_image_pixels) for the block, for the images a user's Dataset
+    opens itself: Image.open refuses one above it before decoding anything, and OversizedImage says so (PIL warns
+    above its Image.MAX_IMAGE_PIXELS, raised here as an error; its own error comes only at twice that). None lifts
+    the guard. PIL's setting is one global, put back after the block; a block runs in one thread of its process
+    (a DataLoader worker, or the training process with data.num_workers=0)."""
+    previous = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = max_pixels
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            yield
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as error:
+        found = _PIL_BOMB.search(str(error))
+        size = f"{int(found[1])} pixels" if found else error_reason(error)
+        raise OversizedImage(
+            f"{size} is above dataset.max_image_pixels={max_pixels} (PIL's Image.open refused it); not decoded"
+        ) from None
+    finally:
+        Image.MAX_IMAGE_PIXELS = previous
+
+
+def pil_rgb(image: Image.Image) -> torch.Tensor:
+    """A PIL image as uint8 RGB [3, H, W]: a mode of more than 8 bits a channel scaled by `to_uint8` (PIL's
+    convert would clip it to 255: a 16-bit gradient comes out white), any other converted by PIL."""
+    if image.mode in _DEEP_MODES:
+        levels = torch.from_numpy(to_uint8(np.asarray(image)))
+        return levels.expand(3, *levels.shape).contiguous()
+    array = np.asarray(image if image.mode == "RGB" else image.convert("RGB"), dtype=np.uint8)
     return torch.from_numpy(array.copy()).permute(2, 0, 1)
+
+
+def to_uint8(values: np.ndarray) -> np.ndarray:
+    """Pixel values as uint8, scaled by their type's range as libpng (TorchCodec) scales a 16-bit PNG: a 16-bit
+    value v (and a 32-bit integer one, PIL's I mode) as round(v / 257), a float f in 0..1 (torchvision's convention)
+    as round(f * 255). Values outside that range are a ValueError (an unreadable image), not a saturated one."""
+    if values.dtype == np.uint8:
+        return values
+    if values.dtype.kind not in "uif" or values.size == 0:
+        raise ValueError(f"{values.dtype} pixels {list(values.shape)}: expected uint8, 16-bit or float values")
+    low, high = values.min().item(), values.max().item()
+    if values.dtype.kind == "f":
+        if not (low >= 0 and high <= 1):  # NaN fails both
+            raise ValueError(f"float pixels from {low:g} to {high:g}, outside the 0..1 a float image is read in")
+        return np.rint(values * 255).astype(np.uint8)
+    if low < 0 or high > 65535:
+        raise ValueError(f"integer pixels from {low} to {high}, outside the 0..65535 a 16-bit image is read in")
+    return ((values.astype(np.uint32) + 128) // 257).astype(np.uint8)

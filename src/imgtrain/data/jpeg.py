@@ -1,4 +1,5 @@
-"""JPEG files as bytes, for dataset.decode=cuda: what workers hand over, and the checks they make first."""
+"""JPEG files as bytes, for dataset.decode=cuda: what workers hand over, and the checks they make first; and the
+size an image's header may claim (dataset.max_image_pixels), which every decoding path checks before it decodes."""
 
 from __future__ import annotations
 
@@ -46,15 +47,30 @@ _SOF_MARKERS = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 
 _START_OF_SCAN, _END_OF_IMAGE = 0xDA, b"\xff\xd9"
 
 
-def jpeg_problem(data: bytes | bytearray) -> str | None:
-    """Why the GPU decoder should not be given this file, read from its markers alone; None if it looks whole.
+class JpegFrame(NamedTuple):
+    """What a JPEG's markers say before its first scan: its size, its channels, and where its image data starts."""
 
-    Catches what the CPU decoder rejects but nvJPEG might not report: files cut short (no end-of-image marker
-    after the first scan; an EXIF thumbnail's marker comes before it), and 4-channel (CMYK/YCCK) JPEGs.
-    """
+    width: int
+    height: int
+    components: int | None
+    data_start: int  # the first byte after the first start-of-scan header
+
+
+def too_many_pixels(width: int, height: int, max_pixels: int | None) -> str | None:
+    """Why an image of `width` x `height` (as its header says) is not decoded; None within `max_pixels` (None: no
+    limit). Any file's header, not only a JPEG's: the CPU decoders and decode=cuda refuse with the same line."""
+    if max_pixels is None or width * height <= max_pixels:
+        return None
+    megapixels = width * height / 1e6
+    shown = f"{megapixels:,.0f}" if megapixels >= 100 else f"{megapixels:.3g}"
+    return f"{width}x{height} pixels ({shown} MP) is above dataset.max_image_pixels={max_pixels}"
+
+
+def jpeg_frame(data: bytes | bytearray | memoryview) -> JpegFrame | str:
+    """The frame header of a JPEG, read from its markers alone up to the first scan; or why they cannot be read."""
     if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8:  # the start-of-image marker
         return "not a JPEG file (dataset.decode=cuda decodes JPEG only)"
-    pos, components = 2, None
+    pos, frame = 2, None
     while pos + 4 <= len(data):
         if data[pos] != 0xFF:
             return "damaged JPEG header"
@@ -66,16 +82,34 @@ def jpeg_problem(data: bytes | bytearray) -> str | None:
             pos += 2
             continue
         length = (data[pos + 2] << 8) | data[pos + 3]
-        if marker in _SOF_MARKERS and pos + 9 < len(data):
-            components = data[pos + 9]
+        if marker in _SOF_MARKERS and frame is None and pos + 9 < len(data):  # precision, height, width, channels
+            frame = ((data[pos + 7] << 8) | data[pos + 8], (data[pos + 5] << 8) | data[pos + 6], data[pos + 9])
         if marker == _START_OF_SCAN:
-            if components not in (1, 3):
-                return (
-                    f"a {components}-channel (CMYK/YCCK) JPEG, which the GPU decoder cannot read: convert it to RGB "
-                    "or use dataset.decode=cpu"
-                )
-            if data.find(_END_OF_IMAGE, pos + 2 + length) < 0:
-                return "truncated JPEG (no end-of-image marker)"
-            return None
+            if frame is None:
+                return "damaged JPEG header (no frame header before the image data)"
+            return JpegFrame(*frame, data_start=pos + 2 + length)
         pos += 2 + length
     return "truncated JPEG (the header ends before the image data)"
+
+
+def jpeg_problem(data: bytes | bytearray, max_pixels: int | None = None) -> str | None:
+    """Why the GPU decoder should not be given this file, read from its markers alone; None if it looks whole.
+
+    Catches what the CPU decoder rejects but nvJPEG might not report: files cut short (no end-of-image marker
+    after the first scan; an EXIF thumbnail's marker comes before it), 4-channel (CMYK/YCCK) JPEGs, and a frame
+    above `max_pixels` (dataset.max_image_pixels), which nvJPEG would allocate whatever the file holds.
+    """
+    frame = jpeg_frame(data)
+    if isinstance(frame, str):
+        return frame
+    if frame.components not in (1, 3):
+        return (
+            f"a {frame.components}-channel (CMYK/YCCK) JPEG, which the GPU decoder cannot read: convert it to RGB "
+            "or use dataset.decode=cpu"
+        )
+    too_large = too_many_pixels(frame.width, frame.height, max_pixels)
+    if too_large:
+        return f"{too_large}; not decoded"
+    if data.find(_END_OF_IMAGE, frame.data_start) < 0:
+        return "truncated JPEG (no end-of-image marker)"
+    return None

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import torchvision.transforms.v2.functional as F
 from PIL import Image
 from torch.utils.data import Dataset, IterableDataset
 
+from imgtrain.config.datasets import MAX_IMAGE_PIXELS
 from imgtrain.data import batched, decoders, stages
 from imgtrain.data.csv_rows import csv_splits
 from imgtrain.data.datasets import (
@@ -27,12 +27,20 @@ from imgtrain.data.datasets import (
     imagenet_transforms,
     triple,
 )
-from imgtrain.data.decoders import error_reason
-from imgtrain.resilience.errors import ConfigError, first_line
+from imgtrain.data.decoders import DECODE_ERRORS, error_reason
+from imgtrain.data.jpeg import too_many_pixels
+from imgtrain.resilience.errors import ConfigError, RunError, first_line
 
-# What the user's __getitem__ raises for an image it cannot read or decode (PIL: OSError, incl.
-# UnidentifiedImageError; SyntaxError for some broken PNGs; ValueError): the guard replaces or drops that sample.
-UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+# What the user's __getitem__ raises for an image it cannot read or decode, as the template's own decoders do (PIL:
+# OSError, incl. UnidentifiedImageError and a missing file; SyntaxError for some broken PNGs; ValueError;
+# TorchCodec and torchvision.io: RuntimeError; an image above dataset.max_image_pixels): the guard replaces or drops
+# that sample. Any other exception is a bug in the user's code: the run ends in one line.
+UNREADABLE = DECODE_ERRORS
+# RuntimeErrors that say nothing about an image: a method left to implement, a recursion
+NOT_IMAGE_ERRORS = (NotImplementedError, RecursionError)
+# Pixel types a user's array or tensor may hold, scaled to uint8 as the decoders scale them (decoders.to_uint8)
+ARRAY_TYPES = (np.uint8, np.uint16, np.float16, np.float32, np.float64)
+TENSOR_TYPES = (torch.uint8, torch.uint16, torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def build_csv(
@@ -48,6 +56,7 @@ def build_csv(
     val: str,
     val_resize: int | None,
     val_image_size: int | None = None,
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
 ) -> DatasetBundle:
     """dataset=csv: a CSV (or TSV) per split, read as data/csv_rows.py says; the images are decoded lazily by
     the workers, like an image folder's. `validate` has checked that both files exist."""
@@ -64,8 +73,8 @@ def build_csv(
     )
     decoders.check(f"dataset={name}")
     return DatasetBundle(
-        train=ImageFileDataset(train_paths, train_labels, classes, train_tf),
-        val=ImageFileDataset(val_paths, val_labels, classes, val_tf),
+        train=ImageFileDataset(train_paths, train_labels, classes, train_tf, max_image_pixels),
+        val=ImageFileDataset(val_paths, val_labels, classes, val_tf, max_image_pixels),
         num_classes=len(classes),
         image_size=image_size,
         mean=triple(mean),
@@ -78,17 +87,21 @@ def build_csv(
 # ----------------------------------------------------------------------------- your own Dataset class
 class UserDataset(Dataset):
     """The user's map-style Dataset as the template's workers use it: `decoded(index)` gives uint8 [3, H, W] and
-    an int label (a PIL image converted to RGB, a grayscale tensor or array to 3 channels), with the whole
-    user `__getitem__` timed as the decode stage (its read is inside it); `crop_spec` lets the batch be cropped in
-    one call; an image it cannot read (UNREADABLE) becomes a CorruptSampleError, which the guard replaces
-    (training) or drops (validation) and counts against data.max_bad_samples.
+    an int label (a PIL image converted to RGB, a grayscale tensor or array to 3 channels, 16-bit and float pixels
+    scaled as the decoders scale them), with the whole user `__getitem__` timed as the decode stage (its read is
+    inside it); `crop_spec` lets the batch be cropped in one call. An image it cannot read (UNREADABLE, an empty
+    one, one above `max_pixels`: dataset.max_image_pixels, which PIL's own guard follows in the user's code)
+    becomes a CorruptSampleError, which the guard replaces (training) or drops (validation) and counts against
+    data.max_bad_samples; any other exception is a ConfigError naming the item, the exception's type and message.
 
     It pickles for spawn and forkserver workers when the user's class can be imported by its module path in a
     fresh process: defined in a module on PYTHONPATH (or an installed package), not in __main__ or a notebook.
     """
 
-    def __init__(self, dataset: Any, transform: Any, classes: list[str], source: str) -> None:
-        self.dataset, self.transform, self.source = dataset, transform, source
+    def __init__(
+        self, dataset: Any, transform: Any, classes: list[str], source: str, max_pixels: int | None = MAX_IMAGE_PIXELS
+    ) -> None:
+        self.dataset, self.transform, self.source, self.max_pixels = dataset, transform, source, max_pixels
         self.classes = list(classes)
 
     def __len__(self) -> int:
@@ -102,12 +115,14 @@ class UserDataset(Dataset):
     def decoded(self, index: int) -> tuple[torch.Tensor, int]:
         started = time.perf_counter()
         try:
-            item = self.dataset[index]
-            pair = isinstance(item, tuple | list) and len(item) == 2
-            image = self._image(item[0], index) if pair else None
-        except UNREADABLE as error:
-            where = getattr(error, "filename", None) or f"{self.source}[{index}]"
-            raise CorruptSampleError(str(where), error_reason(error)) from None
+            with decoders.pil_guard(self.max_pixels):  # an Image.open in the user's code refuses what we would
+                item = self.dataset[index]
+                pair = isinstance(item, tuple | list) and len(item) == 2
+                image = self._image(item[0], index) if pair else None
+        except RunError:
+            raise
+        except Exception as error:  # noqa: BLE001 - an unreadable image, or the user's bug: `_failed` says which
+            raise self._failed(error, index) from (None if isinstance(error, UNREADABLE) else error)
         if not pair:
             raise ConfigError(f"dataset._target_={self.source}: item {index} is {_kind(item)}: expected (image, label)")
         stages.record(decode=time.perf_counter() - started)
@@ -121,24 +136,54 @@ class UserDataset(Dataset):
         stages.record(read, decode, time.perf_counter() - started)
         return image, label
 
-    def _image(self, image: Any, index: int) -> torch.Tensor:
-        """uint8 [3, H, W] from a PIL image, a uint8 tensor [3 or 1, H, W] or [H, W], or a uint8 array [H, W(, C)]."""
-        if isinstance(image, Image.Image):
-            return F.pil_to_tensor(image if image.mode == "RGB" else image.convert("RGB"))
-        if isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim in (2, 3):
-            image = torch.from_numpy(np.ascontiguousarray(image if image.ndim == 2 else image.transpose(2, 0, 1)))
-        if isinstance(image, torch.Tensor) and image.dtype == torch.uint8 and image.ndim in (2, 3):
-            image = image[None] if image.ndim == 2 else image
-            if image.shape[0] in (1, 3):
-                return image.repeat(3, 1, 1) if image.shape[0] == 1 else image
-        raise ConfigError(
-            f"dataset._target_={self.source}: item {index}'s image is {_kind(image)}: expected a PIL image or uint8 "
-            "[3, H, W] (or [H, W]) pixels 0-255; normalisation happens on the device (dataset.mean, dataset.std)"
+    def _failed(self, error: Exception, index: int) -> Exception:
+        """An image the user's code could not read as a CorruptSampleError (named by the file when the error names
+        one); any other exception, a bug in that code, as one line naming the item, the type and the message."""
+        if isinstance(error, UNREADABLE) and not isinstance(error, NOT_IMAGE_ERRORS):
+            where = getattr(error, "filename", None) or f"{self.source}[{index}]"
+            return CorruptSampleError(str(where), error_reason(error))
+        return ConfigError(
+            f"dataset._target_={self.source}: __getitem__({index}) raised {type(error).__name__}: {first_line(error)}; "
+            "fix the dataset's code (an image it cannot read should raise OSError: that is counted against "
+            "data.max_bad_samples)"
         )
 
+    def _image(self, image: Any, index: int) -> torch.Tensor:
+        """uint8 [3, H, W] from a PIL image, or from pixels (uint8, 16-bit or float 0..1, decoders.to_uint8): a tensor
+        [3 or 1, H, W] or [H, W], an array [H, W(, C)]. Empty or too large: a ValueError or OversizedImage."""
+        if isinstance(image, Image.Image):
+            self._check_size(*image.size, undecoded=bool(getattr(image, "tile", None)))  # tile: PIL's lazy open
+            return decoders.pil_rgb(image)
+        if isinstance(image, np.ndarray) and image.dtype in ARRAY_TYPES and image.ndim in (2, 3):
+            image = torch.from_numpy(np.ascontiguousarray(image if image.ndim == 2 else image.transpose(2, 0, 1)))
+        if isinstance(image, torch.Tensor) and image.dtype in TENSOR_TYPES and image.ndim in (2, 3):
+            image = image[None] if image.ndim == 2 else image
+            if image.shape[0] in (1, 3):
+                self._check_size(image.shape[2], image.shape[1], undecoded=False)
+                if image.dtype != torch.uint8:
+                    pixels = image.float() if image.dtype == torch.bfloat16 else image  # NumPy has no bfloat16
+                    image = torch.from_numpy(decoders.to_uint8(pixels.detach().numpy()))
+                return image.repeat(3, 1, 1) if image.shape[0] == 1 else image
+        raise ConfigError(
+            f"dataset._target_={self.source}: item {index}'s image is {_kind(image)}: expected a PIL image, or "
+            "[3, H, W] (or [H, W]) pixels: uint8 0-255, uint16 0-65535 or float 0-1; normalisation happens on the "
+            "device (dataset.mean, dataset.std)"
+        )
+
+    def _check_size(self, width: int, height: int, undecoded: bool) -> None:
+        """An empty image (whose crop would divide by zero) is a ValueError; one above max_pixels OversizedImage."""
+        if width == 0 or height == 0:
+            raise ValueError(f"an empty image of {width}x{height} pixels")
+        too_large = too_many_pixels(width, height, self.max_pixels)
+        if too_large:
+            raise decoders.OversizedImage(
+                f"{too_large}; not decoded" if undecoded else f"{too_large} (decoded by the dataset's code)"
+            )
+
     def _label(self, label: Any, index: int) -> int:
-        try:
-            value = operator.index(label)  # an int, a NumPy integer, an integer tensor of one element
+        try:  # an int, a NumPy integer, an integer tensor of one element; not a bool (True is not class 1)
+            boolean = isinstance(label, bool | np.bool_) or getattr(label, "dtype", None) == torch.bool
+            value = None if boolean else operator.index(label)
         except TypeError:
             value = None
         if value is None or not 0 <= value < len(self.classes):
@@ -237,6 +282,7 @@ def build_custom(
     val_resize: int | None,
     options: dict[str, Any],
     val_image_size: int | None = None,
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
 ) -> DatasetBundle:
     """dataset=custom: `dataset_class` (dataset._target_) called once per split, split="train" or "val" with the
     group's other keys (`options`), each wrapped in a UserDataset; the classes from its `classes` or num_classes."""
@@ -254,8 +300,8 @@ def build_custom(
         val_image_size=val_image_size,
     )
     return DatasetBundle(
-        train=UserDataset(train_set, train_tf, classes, dataset_class),
-        val=UserDataset(val_set, val_tf, classes, dataset_class),
+        train=UserDataset(train_set, train_tf, classes, dataset_class, max_image_pixels),
+        val=UserDataset(val_set, val_tf, classes, dataset_class, max_image_pixels),
         num_classes=len(classes),
         image_size=image_size,
         mean=triple(mean),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tempfile
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,9 @@ from torch.profiler import ProfilerActivity, record_function
 
 from imgtrain.config.schema import MetricsConfig
 from imgtrain.host import dist
+from imgtrain.resilience.atomic import atomic_write
+from imgtrain.resilience.errors import RunError
+from imgtrain.resilience.links import refuse_foreign_links
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,8 @@ class Profiler:
             )
         self.cuda = device.type == "cuda"
         self.folder = out_dir / "profile"
+        if self.enabled:  # profile/ a link another user planted: refused before training, in one line
+            refuse_foreign_links(out_dir, self.folder.name)
         self.path = self.folder / f"trace_rank{info.rank}.json.gz"
         self.table_path = self.folder / f"top_ops_rank{info.rank}.txt"
         self.trace: str | None = None
@@ -114,6 +120,17 @@ class Profiler:
         self.marking, self._profile = False, None
         self._stack.close()
 
+    def _write(self, profile: torch.profiler.profile, table: str) -> None:
+        """The trace and the table, each written whole under a name no one else can take, then renamed over its
+        name in profile/: a link planted there (a run directory others may write to) is replaced, not followed."""
+        refuse_foreign_links(self.folder.parent, self.folder.name)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".trace.", dir=self.folder) as private:  # 0700, a random name
+            staged = Path(private) / self.path.name
+            profile.export_chrome_trace(str(staged))  # gzipped: the name ends in .gz
+            os.replace(staged, self.path)
+        atomic_write(self.table_path, lambda f: f.write(f"{table}\n".encode()))
+
     def _save(self, profile: torch.profiler.profile) -> None:
         """on_trace_ready: write the trace and the operator table, unless the run stopped before the last step."""
         if self.steps < self.needed:
@@ -121,10 +138,8 @@ class Profiler:
         sort_by = "self_cuda_time_total" if self.cuda else "self_cpu_time_total"
         table = profile.key_averages().table(sort_by=sort_by, row_limit=TOP_OPERATORS)
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            profile.export_chrome_trace(str(self.path))  # gzipped: the name ends in .gz
-            self.table_path.write_text(table + "\n")
-        except OSError as error:  # a full disk costs the trace, not the training run
+            self._write(profile, table)
+        except (OSError, RunError) as error:  # a full disk (or a link planted since) costs the trace, not the run
             log.warning("profiler: could not write %s: %s", self.folder, error)
             return
         self.trace = str(self.path)

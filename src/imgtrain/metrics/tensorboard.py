@@ -1,12 +1,22 @@
-"""TensorBoard scalars and the HParams tab, rank 0 only (the other ranks get a logger that does nothing)."""
+"""TensorBoard scalars and the HParams tab, rank 0 only (the other ranks get a logger that does nothing).
+
+A write that fails (a full disk, above all) ends the run in one line naming the disk and its free space: TensorBoard
+writes from a thread of its own, which prints its traceback and leaves the error for the next call to raise.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import numbers
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from imgtrain.config.val_metrics import VAL_METRICS, field
+from imgtrain.resilience.disk import disk_full_line, is_disk_full
+from imgtrain.resilience.errors import RunError
+from imgtrain.resilience.links import refuse_foreign_links
 
 
 def _hparam_value(value: Any) -> bool | int | float | str:
@@ -49,6 +59,20 @@ def hparam_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
     return {f"hparam/{k}": summary.get(k) for k in keys}
 
 
+def _quiet_writer_threads(previous: Any) -> Any:
+    """A threading.excepthook that stays silent for an OSError in TensorBoard's writer thread, which the next call
+    of the writer raises again in the training thread (`MetricsLogger._writing`: one line), and hands every other
+    thread's exception to `previous`."""
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        thread = type(args.thread).__module__ if args.thread is not None else ""
+        if not (issubclass(args.exc_type, OSError) and thread.startswith("tensorboard.")):
+            previous(args)
+
+    hook.quiets_tensorboard = True  # type: ignore[attr-defined]
+    return hook
+
+
 class MetricsLogger:
     """TensorBoard logger; with enabled=False (non-zero ranks) it is a no-op that creates nothing."""
 
@@ -60,16 +84,32 @@ class MetricsLogger:
             # Imported lazily so disabled ranks never pay for (or depend on) tensorboard.
             from torch.utils.tensorboard import SummaryWriter
 
-            # purge_step: events an earlier, interrupted writer logged at steps >= purge_step are hidden.
-            self._writer = SummaryWriter(log_dir=log_dir, purge_step=purge_step)
+            folder = Path(log_dir)
+            refuse_foreign_links(folder.parent, folder.name)  # tb/ a link another user planted: not written into
+            if not getattr(threading.excepthook, "quiets_tensorboard", False):
+                threading.excepthook = _quiet_writer_threads(threading.excepthook)
+            with self._writing():
+                # purge_step: events an earlier, interrupted writer logged at steps >= purge_step are hidden.
+                self._writer = SummaryWriter(log_dir=log_dir, purge_step=purge_step)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A failed write (here, or earlier in the writer's thread) as one line: RunError."""
+        try:
+            yield
+        except OSError as error:
+            self._writer = None  # broken: nothing more is written, and closing it would raise again
+            why = disk_full_line(self.log_dir, error) if is_disk_full(error) else error.strerror or str(error)
+            raise RunError(f"TensorBoard could not write {self.log_dir}: {why}") from error
 
     def log(self, metrics: Mapping[str, float | int | None], step: int) -> None:
         """Write one scalar per key at `step`; None values are skipped."""
         if self._writer is None:
             return
-        for key, value in metrics.items():
-            if value is not None:
-                self._writer.add_scalar(key, float(value), global_step=step)
+        with self._writing():
+            for key, value in metrics.items():
+                if value is not None:
+                    self._writer.add_scalar(key, float(value), global_step=step)
 
     def log_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float | None]) -> None:
         """Write HParams plugin data plus final metric values into the run directory itself."""
@@ -81,24 +121,27 @@ class MetricsLogger:
         # the HParams tab lines up with the scalars. Metric names should not clash with per-step tags.
         # Every metric name is declared (consistent columns across runs); only non-None values are written.
         experiment, start_info, end_info = hparams_summaries(flatten_hparams(hparams), dict(metrics))
-        file_writer = self._writer.file_writer
-        for summary in (experiment, start_info, end_info):
-            file_writer.add_summary(summary)
-        for key, value in metrics.items():
-            if value is not None:
-                self._writer.add_scalar(key, float(value))
-        self._writer.flush()
+        with self._writing():
+            file_writer = self._writer.file_writer
+            for summary in (experiment, start_info, end_info):
+                file_writer.add_summary(summary)
+            for key, value in metrics.items():
+                if value is not None:
+                    self._writer.add_scalar(key, float(value))
+            self._writer.flush()
 
     def flush(self) -> None:
         """Flush pending events to disk."""
         if self._writer is not None:
-            self._writer.flush()
+            with self._writing():
+                self._writer.flush()
 
     def close(self) -> None:
         """Flush and close the writer; idempotent."""
         if self._writer is not None:
-            self._writer.flush()
-            self._writer.close()
+            with self._writing():
+                self._writer.flush()
+                self._writer.close()
             self._writer = None
 
     def __enter__(self) -> MetricsLogger:

@@ -1,4 +1,5 @@
-"""Files written so that no reader sees half of one: a temporary file in the same directory, then a rename.
+"""Files written so that no reader sees half of one: a temporary file in the same directory, then a rename; and
+JSON read back so that whatever a file holds is one plain line (`read_json`).
 
 No torch here: `data.shapes` generates images in pool workers that should start quickly.
 """
@@ -65,9 +66,40 @@ def atomic_write(
         replaced = True  # from here the name is free again: whatever appears there is not ours to remove
         if durable:
             fsync_dir(path.parent)
+    except OSError as error:
+        if error.filename is None:  # a write to the open file names none: say which (a full disk, above all)
+            error.filename = str(path)
+        raise
     finally:
         if not replaced:
             tmp.unlink(missing_ok=True)
+
+
+class BadJSON(ValueError):
+    """JSON that cannot be read: `why` says what is wrong ("not valid JSON: ...", "nested too deeply to parse"),
+    the message "<what> cannot be read (<why>)". A ValueError, as json.JSONDecodeError is."""
+
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(f"{what} cannot be read ({why})")
+        self.what, self.why = what, why
+
+
+def read_json(source: Path | str | bytes, what: str | None = None) -> Any:
+    """The JSON value of a file (a Path) or of its text; BadJSON naming `what` (by default the path) otherwise.
+
+    Python's parser recurses once per level of nesting: 100,000 `[` are a RecursionError, not a JSONDecodeError,
+    and that is caught here too. A file that cannot be opened raises its OSError, for the caller to judge."""
+    if isinstance(source, Path):
+        what = what or str(source)
+        source = source.read_bytes()
+    what = what or "the JSON text"
+    try:
+        return json.loads(source)
+    except RecursionError:
+        raise BadJSON(what, "nested too deeply to parse") from None
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4,300 digits
+        text = str(error).strip()
+        raise BadJSON(what, f"not valid JSON: {text.splitlines()[0] if text else type(error).__name__}") from None
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:

@@ -5,8 +5,10 @@ files (a SLURM job submitted twice, the same command in a second terminal, a str
 `<run dir>/.imgtrain.lock`, created with O_EXCL (atomic on local disks and NFSv3+): pid, host, start time, job id
 and a random token; its mtime is the heartbeat, touched every HEARTBEAT_S. It is taken over, with a warning, once
 its process is gone (same host: the pid no longer runs, or runs a younger process) or its heartbeat is older than
-STALE_AFTER_S (another host: clocks must roughly agree). A shared job id proves nothing (see `stale_reason`); a
-takeover moves only the very file it judged stale (see `RunDirLock._remove_if`).
+STALE_AFTER_S (another host: clocks must roughly agree; a heartbeat from the future has an unknown age, see
+`lockfile.look`). A shared job id proves nothing (see `stale_reason`); a takeover moves only the very file it judged
+stale (see `RunDirLock._remove_if`). Before any of it, a link another user planted at the run directory or at a name
+Hydra writes there is refused (`links.refuse_foreign_links`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ from omegaconf import DictConfig
 
 from imgtrain.host import dist
 from imgtrain.resilience.errors import ConfigError, RunEnded, RunError
+from imgtrain.resilience.links import refuse_foreign_links
+from imgtrain.resilience.lockfile import Seen, ahead, look
 
 log = logging.getLogger(__name__)
 
@@ -55,50 +58,6 @@ def _process_started(pid: int) -> float | None:
         return None
     except psutil.AccessDenied:
         return 0.0  # it exists: assume it is the holder
-
-
-@dataclass(frozen=True)
-class Seen:
-    """The lock file as read once: its holder, and what tells this very file apart from any later one."""
-
-    holder: dict[str, Any]  # {} when there is no lock file
-    identity: tuple[int, int, int, bytes] | None  # st_dev, st_ino, st_mtime_ns, content; None: none or unreadable
-
-
-def _well_formed(holder: Any) -> bool:
-    """Whether `holder` is a lock this code wrote: anything else (`null`, `[]`, a pid "abc") is judged by age."""
-    if not isinstance(holder, dict):
-        return False
-    pid, host, started = holder.get("pid"), holder.get("host"), holder.get("started")
-    return (
-        type(pid) is int
-        and 0 < pid < 2**32
-        and isinstance(host, str)
-        and type(started) in (int, float)
-        and 0 <= started < 1e10  # seconds since the epoch, before 2286: NaN, inf and 1e300 are not start times
-        and all(isinstance(holder.get(key, ""), str) for key in ("job", "token"))
-    )
-
-
-def _look(path: Path) -> Seen:
-    """The lock file at `path`. Its heartbeat is its mtime (see `RunDirLock._heartbeat`); one it cannot parse,
-    being written this instant or cut short by a crash or not ours, has an unknown holder judged by that age."""
-    flags = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a planted link or fifo: no further
-    try:  # opened, not just stat'ed: NFS revalidates a file's attributes on open (close-to-open consistency)
-        with open(path, "rb", opener=lambda name, mode: os.open(name, mode | flags)) as file:
-            info = os.fstat(file.fileno())
-            raw = file.read(1 << 16)
-    except FileNotFoundError:
-        return Seen({}, None)
-    except OSError as error:  # a directory there, a link, a stale NFS handle: unknown, and live for now
-        return Seen({"pid": "?", "host": f"? ({error.strerror})", "started": 0, "heartbeat": time.time()}, None)
-    try:
-        holder = json.loads(raw)
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
-        holder = None
-    if not _well_formed(holder):
-        holder = {"pid": "?", "host": "?", "started": info.st_mtime}
-    return Seen({**holder, "heartbeat": info.st_mtime}, (info.st_dev, info.st_ino, info.st_mtime_ns, raw))
 
 
 def stale_reason(holder: dict[str, Any], now: float, host: str, job: str) -> str | None:
@@ -174,7 +133,7 @@ class RunDirLock:
                 pass
             except OSError as error:
                 raise self._unwritable(error) from None
-            seen = _look(self.path)
+            seen = look(self.path)
             if not seen.holder:
                 continue  # released since: create it again
             reason = stale_reason(seen.holder, time.time(), self.holder["host"], self.holder["job"])
@@ -216,12 +175,15 @@ class RunDirLock:
         )
         while (age := time.time() - seen.holder["heartbeat"]) <= STALE_AFTER_S:
             time.sleep(min(WAIT_POLL_S, STALE_AFTER_S - age + 0.01))
-            latest = _look(self.path)
+            latest = look(self.path)
             if latest.identity is None or latest.identity[:2] != seen.identity[:2]:
                 return None
             if latest.identity != seen.identity:  # the same file, touched: its holder runs
                 raise RunError(self._held_by(latest.holder))
-        return f"it belongs to an earlier attempt of this job ({self.holder['job']}): its heartbeat is {age:.0f} s old"
+        earlier = f"it belongs to an earlier attempt of this job ({self.holder['job']})"
+        if seen.holder.get("ahead"):  # its age is unknown: how long it has been seen still is what counts
+            return f"{earlier}: its heartbeat, from the future, has not moved for {age:.0f} s"
+        return f"{earlier}: its heartbeat is {age:.0f} s old"
 
     def _remove_if(self, identity: tuple[int, int, int, bytes] | None) -> bool:
         """Remove the lock file only if it is still exactly `identity`; True if it is gone. There is no
@@ -233,7 +195,7 @@ class RunDirLock:
             os.rename(self.path, aside)
         except FileNotFoundError:
             return True
-        if identity is not None and _look(aside).identity == identity:
+        if identity is not None and look(aside).identity == identity:
             aside.unlink(missing_ok=True)
             return True
         self._put_back(aside)
@@ -244,7 +206,7 @@ class RunDirLock:
         try:
             os.link(aside, self.path)  # fails if the path exists, where a rename would replace it
         except FileExistsError:
-            moved, now = _look(aside).holder, _look(self.path).holder
+            moved, now = look(aside).holder, look(self.path).holder
             aside.unlink(missing_ok=True)
             raise RunError(
                 f"the lock {self.path} changed hands while this run was taking it over: pid {moved.get('pid')} on "
@@ -274,11 +236,18 @@ class RunDirLock:
             since = datetime.fromtimestamp(holder.get("started", 0)).isoformat(sep=" ", timespec="seconds")
         except (OverflowError, ValueError, OSError, TypeError):
             since = "an unknown time"
-        age = time.time() - float(holder.get("heartbeat", 0))
+        now = time.time()
+        future = ahead(holder, now)
+        beat = (
+            f"heartbeat from the future: the lock file's time is {future:.0f} s ahead of this host's clock (that "
+            "host's clock is ahead, or the time was set by hand), so its age cannot tell whether that run is gone"
+            if future
+            else f"heartbeat {now - float(holder.get('heartbeat', 0)):.0f} s ago"
+        )
         return (
             f"the run directory {self.directory} is in use by pid {holder.get('pid')} on {holder.get('host')} "
-            f"(since {since}, heartbeat {age:.0f} s ago): wait for that run to end or stop it, or pass another "
-            f"hydra.run.dir. If that process is surely gone, delete {self.path}"
+            f"(since {since}, {beat}): wait for that run to end or stop it, or pass another hydra.run.dir. If that "
+            f"process is surely gone, delete {self.path}"
         )
 
     def _heartbeat(self) -> None:
@@ -313,6 +282,7 @@ def hold(directory: Path, info: dist.DistInfo) -> Iterator[None]:
     problem: RunError | None = None
     if lock is not None:
         try:
+            refuse_foreign_links(directory)  # the run directory itself a link another user planted
             lock.__enter__()
         except RunError as error:  # ConfigError too
             problem = error
@@ -326,24 +296,53 @@ def hold(directory: Path, info: dist.DistInfo) -> Iterator[None]:
             lock.__exit__()
 
 
+def _hydra_files(config: DictConfig) -> list[str]:
+    """What Hydra writes in a job's directory before any task code runs (`run_job`): the log file, opened by
+    `configure_log` (conf/hydra/job_logging names it after the job), and `.hydra/`'s three files."""
+    subdir = config.hydra.output_subdir  # `.hydra` on rank 0, None elsewhere
+    saved = [f"{subdir}/{name}.yaml" for name in ("config", "hydra", "overrides")] if subdir else []
+    return [f"{config.hydra.job.name}.log", *saved]
+
+
 class LockRunDir(Callback):
-    """Hydra callback: `python train.py` takes the run directory's lock before Hydra writes `.hydra/` and the log
-    file there, so a refused second run leaves the directory exactly as it was (rank 0; a multirun's jobs lock
-    their own directories in `run`)."""
+    """Hydra callback, the first one: `python train.py` refuses another user's links at the names Hydra writes and
+    takes the run directory's lock before Hydra writes `.hydra/` and the log file there, so a refused run leaves
+    the directory exactly as it was (rank 0). A multirun's jobs lock their own directories in `run`; Hydra writes
+    theirs with no callback before it, so the sweep directory is checked as the sweep starts."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if os.environ.get("RANK", "0") != "0":
             return
         try:
-            directory = Path(str(config.hydra.run.dir)).resolve()
+            directory = Path(str(config.hydra.run.dir))
         except Exception:  # noqa: BLE001 - a run dir built from values known only later: `run` locks it then
             return
-        lock = RunDirLock(directory)
         try:
+            refuse_foreign_links(directory, *_hydra_files(config))  # before resolving: the directory may be one
+            lock = RunDirLock(directory.resolve())
             lock.__enter__()
         except RunError as error:  # ConfigError too
             raise RunEnded.from_error(error, str(error)) from error  # Hydra turns an Exception into a warning
         atexit.register(lock.__exit__)  # also after a stop signal, which ends the process past on_run_end
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """The sweep directory, each job directory already in it (a sweep continued, or planted ahead) and what
+        Hydra writes in them."""
+        if os.environ.get("RANK", "0") != "0":
+            return
+        try:
+            sweep = Path(str(config.hydra.sweep.dir))
+        except Exception:  # noqa: BLE001 - built from values known only later: Hydra says so
+            return
+        try:
+            jobs = sorted(entry.name for entry in sweep.iterdir()) if sweep.is_dir() else []
+        except OSError:  # unreadable: Hydra's own write there says why
+            jobs = []
+        inside = [f"{job}/{name}" for job in jobs for name in _hydra_files(config)]
+        try:
+            refuse_foreign_links(sweep, *jobs, *inside, key="hydra.sweep.dir")
+        except RunError as error:
+            raise RunEnded.from_error(error, str(error)) from error  # Hydra turns an Exception into a warning
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         for lock in list(_HELD.values()):

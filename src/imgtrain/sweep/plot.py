@@ -6,10 +6,12 @@ any mix of rows (failed jobs, jobs without figures, older metrics.json without `
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from imgtrain.data.stages import STAGES, WORKER_STAGES  # metrics.json's `pipeline.stage_ms_per_image`, in order
+from imgtrain.sweep.files import write_file
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -29,7 +31,7 @@ def as_number(value: Any) -> float | None:
     """The value as a float, None when it is not a number."""
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer too large for a float
         return None
 
 
@@ -302,6 +304,8 @@ def plot(path: Path | None, rows: list[dict[str, Any]], swept: list[str], best: 
             ax.legend(fontsize=7, loc="lower right" if ax is ax_rate else "best")  # throughput: empty below
     if path is not None:
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        image = io.BytesIO()  # written whole, never through a link another user planted (sweep/files.py)
+        fig.savefig(image, format="png", dpi=110)
+        write_file(path, image.getvalue())
     plt.close(fig)  # the Figure stays readable (tests inspect what was drawn); pyplot forgets it
     return fig

@@ -12,12 +12,14 @@ threshold: a smaller speed-up is not called one."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from typing import Any
 
 from imgtrain.metrics.spread import median_interval, overlaps
 from imgtrain.sweep.plot import describe
+from imgtrain.sweep.settings import no_effect, ran_alike, setting_of, written
 
 # A job whose middle half of window throughputs spans more than this share of its median is marked noisy.
 NOISY_SPREAD = 0.15
@@ -33,7 +35,7 @@ MEMORY_NOISE = 0.10
 def spread_of(metrics: dict[str, Any]) -> dict[str, Any]:
     """The median window rate and its 95% interval, in the units of images_per_sec (all ranks), recomputed from
     the windows so that runs written before metrics.json carried an interval are ranked the same way; and what
-    makes a setting cheap (its workers, its pinned memory)."""
+    makes a setting cheap (its workers, its pinned memory), all as the run used them."""
     windows = metrics.get("images_per_sec_windows") or []
     per_process, total = metrics.get("images_per_sec_per_process"), metrics.get("images_per_sec")
     ranks = total / per_process if total and per_process else 1.0
@@ -49,6 +51,7 @@ def spread_of(metrics: dict[str, Any]) -> dict[str, Any]:
         "pin": loader.get("pin_memory"),
         "prefetch": loader.get("prefetch_factor"),  # absent (None) without workers: nothing prefetched
         "persistent": loader.get("persistent_workers"),
+        "loader": loader,  # the effective arguments: what the run used, whatever the override said
     }
 
 
@@ -78,7 +81,9 @@ def rank(rows: list[dict[str, Any]], min_gain: float = MIN_GAIN) -> dict[str, An
     gain, why = resolution(repeats, min_gain)
     for row in measured:  # how much faster the leader is than each (the decision line quotes the smallest)
         row["gap"] = leader["rate_median"] / row["rate_median"] - 1 if row["rate_median"] else math.inf
-    tied = [row for row in measured if overlaps(_interval(row), _interval(leader)) or row["gap"] <= gain]
+    within = [row for row in measured if overlaps(_interval(row), _interval(leader)) or row["gap"] <= gain]
+    # a setting that ran exactly as one of these did (data.pin_memory=true on a CPU) differs from it only by noise
+    tied = [row for row in measured if any(row is other or ran_alike(row, other) for other in within)]
     noise = memory_noise(repeats)
     best = leader if len(tied) == 1 else cheapest(tied, noise)
     best["resolution"], best["memory_noise"] = why, noise
@@ -87,7 +92,7 @@ def rank(rows: list[dict[str, Any]], min_gain: float = MIN_GAIN) -> dict[str, An
             row["standing"] = "fastest" if row is leader else "slower"
         else:
             row["standing"] = ("recommended: cheapest of a tie" if row is best else "tied") if row in tied else "slower"
-        row["confidence"] = _join(_why(row, leader, len(tied) > 1), row["confidence"])
+        row["confidence"] = _join(_why(row, leader, tied), row["confidence"])
     for first, *others in repeats.values():
         for row in others:
             row["standing"], row["confidence"] = first["standing"], first["confidence"]
@@ -115,23 +120,19 @@ def _repeat_medians(groups: dict[tuple, list[dict[str, Any]]]) -> list[list[floa
     return [medians for medians in runs if len(medians) > 1]
 
 
-def _why(row: dict[str, Any], leader: dict[str, Any], tie: bool) -> str:
+def _why(row: dict[str, Any], leader: dict[str, Any], tied: list[dict[str, Any]]) -> str:
     """The note that says why a ranked row stands where it does."""
     if row is leader:
-        return "the highest median, not separated from the others of the tie" if tie else ""
+        return "the highest median, not separated from the others of the tie" if len(tied) > 1 else ""
+    twins = [other for other in tied if ran_alike(row, other)]
+    if twins:
+        jobs, keys = ", ".join(f"job {other['job']}" for other in twins), ", ".join(no_effect([row, *twins]))
+        return f"tied: it ran with the same effective settings as {jobs} ({keys} had no effect here)"
     if row["standing"] == "slower":
         return f"slower: the leader is {row['gap']:.1%} faster and their intervals are apart"
     if overlaps(_interval(row), _interval(leader)):
         return "tied with the leader within noise (intervals overlap)"
     return f"tied with the leader within noise ({row['gap']:.1%} slower, within the sweep's resolution)"
-
-
-REPEAT_KEY = "repeat"  # a sweep dimension that runs the same setting again (config.Config.repeat)
-
-
-def setting_of(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-    """A job's setting: its overrides without the repeat index."""
-    return tuple(sorted((k, str(v)) for k, v in row["overrides"].items() if k != REPEAT_KEY))
 
 
 def pool_repeats(rows: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
@@ -173,19 +174,37 @@ def drift(rows: list[dict[str, Any]]) -> str:
 def cheapest(rows: list[dict[str, Any]], noise: float = MEMORY_NOISE) -> dict[str, Any]:
     """Of settings that run equally fast, the one that asks least of the machine. A memory peak (PSS) more than
     `noise` above the lowest rules a setting out; among the rest: pin_memory=false (no page-locked buffers), then
-    the fewest DataLoader workers, then the fewest prefetched batches, then no persistent workers, then the
-    lowest PSS."""
-    peaks = [row["pss_peak_gb"] for row in rows if row.get("pss_peak_gb")]
-    ceiling = min(peaks) * (1 + noise) if peaks else math.inf
-    affordable = [row for row in rows if (row.get("pss_peak_gb") or 0.0) <= ceiling]
+    the fewest DataLoader workers, then the fewest prefetched batches, then no persistent workers, all as the run
+    used them; then the same as written (of settings that ran alike, data.pin_memory=false over a true that a CPU
+    ignored), then the lowest PSS. Settings that ran alike share their lowest peak: between them it is noise."""
+    peaks = {id(row): _alike_peak(row, rows) for row in rows}
+    known = [peak for peak in peaks.values() if peak]
+    ceiling = min(known) * (1 + noise) if known else math.inf
+    affordable = [row for row in rows if (peaks[id(row)] or 0.0) <= ceiling]
 
-    def cost(row: dict[str, Any]) -> tuple[int, float, float, int, float]:
-        workers = math.inf if row.get("workers") is None else row["workers"]
-        prefetched = workers * (row.get("prefetch") or 0) if workers else 0  # batches in flight
-        return (int(bool(row.get("pin"))), workers, prefetched, int(bool(row.get("persistent")) and workers > 0),
-                row.get("pss_peak_gb") or math.inf)  # fmt: skip
+    def order(row: dict[str, Any]) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+        ran = _cost(*(row.get(field) for _, field in COST_FIELDS))
+        as_written = _cost(*(written(row, key, row.get(field)) for key, field in COST_FIELDS))
+        return ran, as_written, row.get("pss_peak_gb") or math.inf
 
-    return min(affordable, key=cost)
+    return min(affordable, key=order)
+
+
+# What `cheapest` weighs, in its order: the data.<key> and the row's field that holds the value the run used.
+COST_FIELDS = (("pin_memory", "pin"), ("num_workers", "workers"), ("prefetch_factor", "prefetch"),
+               ("persistent_workers", "persistent"))  # fmt: skip
+
+
+def _cost(pin: Any, workers: Any, prefetch: Any, persistent: Any) -> tuple[float, ...]:
+    workers = math.inf if workers is None else workers  # not known: the dearest
+    prefetched = workers * (prefetch or 0) if workers else 0  # batches in flight
+    return int(bool(pin)), workers, prefetched, int(bool(persistent) and workers > 0)
+
+
+def _alike_peak(row: dict[str, Any], rows: list[dict[str, Any]]) -> float | None:
+    """The row's memory peak, or the lowest of the rows that ran alike with it."""
+    peaks = [other.get("pss_peak_gb") for other in rows if other is row or ran_alike(other, row)]
+    return min((peak for peak in peaks if peak), default=None)
 
 
 def memory_noise(repeats: dict[tuple, list[dict[str, Any]]]) -> float:
@@ -225,11 +244,27 @@ def decision(rows: list[dict[str, Any]], swept: list[str], best: dict[str, Any] 
         key=lambda row: int(row["job"]) if str(row["job"]).isdigit() else 0,
     )
     names = ", ".join(describe(row, swept) for row in tied)
+    alike = ", they ran with the same effective settings," if any(ran_alike(a, b) for a in tied for b in tied) else ","
     return (
-        f"Tied within noise: {names} (their intervals overlap, or they differ by less than the sweep's resolution, "
-        f"{best['resolution']}). Recommended: {describe(best, swept)}, the cheapest of them "
+        f"Tied within noise: {names} (their intervals overlap{alike} or they differ by less than the sweep's "
+        f"resolution, {best['resolution']}). Recommended: {describe(best, swept)}, the cheapest of them "
         f"({cheapest_order(best.get('memory_noise', MEMORY_NOISE))}), "
-        f"at {figure}."
+        f"at {figure}.{no_effect_line(best, [row for row in tied if ran_alike(row, best)])}"
+    )
+
+
+def no_effect_line(best: dict[str, Any], alike: list[dict[str, Any]]) -> str:
+    """When the recommended setting ran exactly as others of its tie did: which overrides had no effect, what the
+    run used instead, and that the cheaper value as written is the one recommended ("" otherwise)."""
+    if not alike:
+        return ""
+    group = sorted([best, *alike], key=lambda row: int(row["job"]) if str(row["job"]).isdigit() else 0)
+    keys = no_effect(group)
+    loader = best.get("loader") or {}
+    used = ", ".join(f"{key.removeprefix('data.')}={json.dumps(loader.get(key.removeprefix('data.')))}" for key in keys)
+    return (
+        f" {', '.join(keys)} had no effect here: {' and '.join(describe(row, keys) for row in group)} ran with the "
+        f"same effective settings ({used}), so the cheaper value as written is recommended."
     )
 
 

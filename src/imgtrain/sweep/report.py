@@ -1,138 +1,45 @@
 """The sweep report: a Hydra Callback that ends a multirun with a table, a plot and the fastest setting.
 
-It reads what each job left in its directory (`.hydra/overrides.yaml`, `metrics.json`, `failed.json` or
-`stopped.json`), so it
-works the same with the basic launcher and with submitit, and a failed job becomes a row, not a lost sweep.
+It reads what each job left in its directory (sweep/jobs.py), so it works the same with the basic launcher and
+with submitit, and a failed or damaged job becomes a row, not a lost sweep.
 """
 
 from __future__ import annotations
 
 import csv
-import json
+import io
 import logging
-import statistics
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from imgtrain.host.dist import global_rank
 from imgtrain.metrics.spread import Rate, indistinguishable
-from imgtrain.resilience.errors import EXIT_BAD_INPUT, RunEnded
-from imgtrain.sweep.plot import STAGES, describe, plot
-from imgtrain.sweep.rank import MIN_GAIN, REPEAT_KEY, decision, drift, rank, setting_of, spread_of
+from imgtrain.resilience.errors import EXIT_BAD_INPUT, RunEnded, RunError
+from imgtrain.resilience.links import refuse_foreign_links
+from imgtrain.sweep.files import own_target, write_file
+from imgtrain.sweep.jobs import (
+    DAMAGED,
+    METRIC_COLUMNS,
+    OPTIONAL_COLUMNS,
+    collect,
+    read_job,  # noqa: F401 - imported from here before sweep/jobs.py held it
+)
+from imgtrain.sweep.plot import describe, plot
+from imgtrain.sweep.rank import MIN_GAIN, decision, drift, rank
+from imgtrain.sweep.settings import REPEAT_KEY, setting_of
 
 log = logging.getLogger(__name__)
 
-METRIC_COLUMNS = (
-    "images_per_sec",
-    "images_per_sec_median",
-    "images_per_sec_p25",
-    "images_per_sec_p75",
-    "data_wait_frac",
-    "gpu_util_mean",
-    "cpu_pct_mean",
-    "rss_peak_gb",
-    "val_acc",
-)
-# From `pss_peak_gb`, `pipeline` and `tune` in metrics.json (newer runs only): a column empty in every row is left out.
-OPTIONAL_COLUMNS = (
-    "pss_peak_gb",
-    "input_stage",
-    "worker_busy_frac",
-    *(f"{stage}_ms" for stage in STAGES),  # ms per image (worker stages: CPU time summed over workers)
-    "tune_chosen",
-    "epoch_start_cost_frac",  # the epoch-start stall as a share of an epoch (metrics/epoch_start.py)
-)
 # The median window rate, its 95% interval, and where the job stands: fastest, slower, tied, recommended, not ranked.
 SPREAD_COLUMNS = ("interval_low", "interval_high", "standing")
 # The `environment` keys that make two jobs' figures not comparable when they differ.
 MACHINE_KEYS = ("hostname", "gpu_name", "torch", "cpus_available")
 
 
-def _overrides(job_dir: Path) -> dict[str, str]:
-    path = job_dir / ".hydra" / "overrides.yaml"
-    entries = yaml.safe_load(path.read_text()) if path.exists() else []
-    return dict(entry.split("=", 1) for entry in entries or [] if "=" in entry and not entry.startswith("hydra"))
-
-
-def _quartiles(values: list[float]) -> tuple[float | None, float | None]:
-    if len(values) < 2:
-        return (values[0], values[0]) if values else (None, None)
-    q = statistics.quantiles(values, n=4, method="inclusive")
-    return q[0], q[2]
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _optional(metrics: dict[str, Any]) -> dict[str, Any]:
-    """The optional columns' values (None when missing) and the dicts the plot and the environment lines read."""
-    pipeline, tune = _dict(metrics.get("pipeline")), _dict(metrics.get("tune"))
-    stages = _dict(pipeline.get("stage_ms_per_image"))
-    values = {
-        "pss_peak_gb": metrics.get("pss_peak_gb"),
-        "input_stage": pipeline.get("input_stage"),
-        "worker_busy_frac": pipeline.get("worker_busy_frac"),
-        "tune_chosen": tune.get("chosen"),
-        "epoch_start_cost_frac": metrics.get("epoch_start_cost_frac"),
-        **{f"{stage}_ms": stages.get(stage) for stage in STAGES},
-    }
-    return {**values, "pipeline": pipeline, "tune": tune, "environment": _dict(metrics.get("environment"))}
-
-
 BATCH_KEY = "data.batch_size"  # part of the training recipe: a sweep over it says so (recipe_note)
-STOPPED = "stopped.json"  # a job a stop signal ended (its checkpoint saved): it ends the sweep too
-
-
-def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(the JSON object in `path`, None), or (None, why it cannot be read): one damaged job file marks its row,
-    it does not end the whole report."""
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        return None, f"{path.name} cannot be read ({str(error).splitlines()[0]})"
-    return (value, None) if isinstance(value, dict) else (None, f"{path.name} does not hold a JSON object")
-
-
-def read_job(job_dir: Path) -> dict[str, Any]:
-    """One row: the job's overrides, its status, and its figures (empty when it failed)."""
-    row: dict[str, Any] = {"job": job_dir.name, "overrides": _overrides(job_dir)}
-    metrics_path, failed_path, stopped_path = job_dir / "metrics.json", job_dir / "failed.json", job_dir / STOPPED
-    metrics, problem = _read_json(metrics_path) if metrics_path.exists() else (None, None)
-    if metrics is not None:
-        row["status"], row["reason"] = "ok", metrics.get("images_per_sec_note") or ""  # why a figure is missing
-        row.update({key: metrics.get(key) for key in METRIC_COLUMNS})
-        row["images_per_sec_p25"], row["images_per_sec_p75"] = _quartiles(metrics.get("images_per_sec_windows") or [])
-        row.update(spread_of(metrics))
-        row["verdict"] = metrics.get("verdict", "")
-        row["mode"] = metrics.get("mode", "train")
-        row.update(_optional(metrics))
-    else:
-        reason, status = problem or "no metrics.json: the job was killed or crashed before it finished", "failed"
-        for path, meaning in ((failed_path, "failed"), (stopped_path, "stopped")):
-            if path.exists():
-                record, unreadable = _read_json(path)
-                reason, status = (record or {}).get("error", unreadable or reason), meaning
-        row["status"], row["reason"], row["verdict"], row["mode"] = status, reason, "", ""
-        row.update({key: None for key in METRIC_COLUMNS})
-        row.update(_optional({}))
-        row.update(spread_of({}))
-    return row
-
-
-def collect(sweep_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every job's row (in job order) and the keys whose values differ between jobs (the swept keys)."""
-    jobs = sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
-    rows = [read_job(job) for job in jobs]
-    keys: list[str] = []
-    for row in rows:
-        keys += [k for k in row["overrides"] if k not in keys]
-    swept = [k for k in keys if len({row["overrides"].get(k) for row in rows}) > 1] or keys
-    return rows, swept
 
 
 def _cell(value: Any) -> str:
@@ -201,11 +108,19 @@ def machine_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+SUMMARY_FILES = ("sweep_summary.csv", "sweep_summary.md", "sweep_summary.png")
+
+
 def write_reports(sweep_dir: Path, rows: list[dict[str, Any]], swept: list[str], best: dict | None) -> None:
-    """sweep_summary.csv, sweep_summary.md and sweep_summary.png in the sweep directory."""
+    """sweep_summary.csv, sweep_summary.md and sweep_summary.png in the sweep directory, each written whole; none
+    of them when a link another user planted holds one of their names (RunError, one line)."""
+    refuse_foreign_links(sweep_dir, *SUMMARY_FILES, key="hydra.sweep.dir")
+    for name in SUMMARY_FILES:  # and behind this user's own links at those names: all three or none
+        own_target(sweep_dir / name)
     header, cells = table(rows, swept)
-    with open(sweep_dir / "sweep_summary.csv", "w", newline="") as f:
-        csv.writer(f).writerows([header, *cells])
+    text = io.StringIO(newline="")
+    csv.writer(text).writerows([header, *cells])
+    write_file(sweep_dir / "sweep_summary.csv", text.getvalue().encode())
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in cells]
     if ceilings(rows):
@@ -216,7 +131,7 @@ def write_reports(sweep_dir: Path, rows: list[dict[str, Any]], swept: list[str],
         lines += [f"Reproduce: `{reproduce_command(best)}`"]
     if machine_lines(rows):
         lines += ["", *machine_lines(rows)]
-    (sweep_dir / "sweep_summary.md").write_text("\n".join(lines) + "\n")
+    write_file(sweep_dir / "sweep_summary.md", ("\n".join(lines) + "\n").encode())
     # one point per setting: a repeated setting's first job carries the figures of all its runs (sweep/rank.py)
     firsts = list({setting_of(row): row for row in reversed(rows)}.values())[::-1]
     plot(sweep_dir / "sweep_summary.png", firsts, _settings(swept), best)
@@ -227,13 +142,18 @@ def _settings(swept: list[str]) -> list[str]:
     return [key for key in swept if key != REPEAT_KEY] or swept
 
 
+def _batch_size(row: dict[str, Any]) -> int | None:
+    value = str(row["overrides"].get(BATCH_KEY, ""))
+    return int(value) if value.isdigit() else None  # an edited overrides.yaml may hold anything
+
+
 def recipe_note(rows: list[dict[str, Any]], best: dict | None) -> str:
     """When the jobs differ in data.batch_size, the recommendation changes the training recipe, not only the
     loader: say so, and what to scale (hparams_search=loader_and_batch, or a batch size swept by hand)."""
-    sizes = sorted({int(row["overrides"][BATCH_KEY]) for row in rows if BATCH_KEY in row["overrides"]})
-    if best is None or len(sizes) < 2 or BATCH_KEY not in best["overrides"]:
+    sizes = sorted({size for size in map(_batch_size, rows) if size is not None})
+    chosen = _batch_size(best) if best is not None else None
+    if chosen is None or len(sizes) < 2:
         return ""
-    chosen = int(best["overrides"][BATCH_KEY])
     others = ", ".join(str(size) for size in sizes if size != chosen)
     return (
         f"Note: the recommended setting trains with {BATCH_KEY}={chosen} (others: {others}). That changes the "
@@ -287,7 +207,7 @@ def print_summary(rows: list[dict[str, Any]], swept: list[str], best: dict | Non
             median = f"median window {row['rate_median']:.1f} ({low:.1f}-{high:.1f})" if low is not None else ""
             figures = f"{rate:9.1f} img/s  {median:<34} data wait {wait:6.1%}"
         else:
-            figures = f"FAILED: {row['reason']}"
+            figures = f"{'DAMAGED' if row['status'] == DAMAGED else 'FAILED'}: {row['reason']}"
         print(f"  job {row['job']:>3}  {describe(row, swept):<40} {figures}  {row.get('confidence', '')}")
     if ceilings(rows):
         print(ceilings(rows))
@@ -311,7 +231,10 @@ def build_report(sweep_dir: Path, min_gain: float = MIN_GAIN) -> dict[str, Any] 
     if not rows:
         return None
     best = rank(rows, min_gain)
-    write_reports(sweep_dir, rows, swept, best)
+    try:
+        write_reports(sweep_dir, rows, swept, best)
+    except RunError as error:  # a name we may not write: the console summary still ends the sweep
+        log.error("the sweep report's files are not written: %s", error)
     print_summary(rows, swept, best, sweep_dir)
     return best
 

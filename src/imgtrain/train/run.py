@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import math
 import os
@@ -30,10 +29,13 @@ from imgtrain.metrics.profiling import Profiler
 from imgtrain.metrics.spread import MIN_WINDOWS, Rate
 from imgtrain.metrics.stage_breakdown import PipelineMeter
 from imgtrain.resilience import rundir
-from imgtrain.resilience.atomic import write_json
+from imgtrain.resilience.atomic import BadJSON, read_json, write_json
 from imgtrain.resilience.checkpoint import Checkpointer
+from imgtrain.resilience.disk import disk_full_line, is_disk_full
+from imgtrain.resilience.errors import ConfigError, RunError, is_bad_input
 from imgtrain.resilience.faults import Faults, Preempted
-from imgtrain.sweep.report import STOPPED, build_report
+from imgtrain.sweep.jobs import STOPPED
+from imgtrain.sweep.report import build_report
 from imgtrain.train.cli import one_line
 from imgtrain.train.loop import Components, fit
 from imgtrain.train.model import check_model, memory_format_for, prepare_model, resolve_precision
@@ -68,11 +70,19 @@ def run(cfg: DictConfig) -> float | NotMeasured:
         _end_sweep(stop)
         raise
     except Exception as error:
-        message = one_line(error) if isinstance(error, HydraException) else f"{type(error).__name__}: {error}"
-        if dist.global_rank() == 0 and HydraConfig.initialized():
-            write_json(Path(HydraConfig.get().runtime.output_dir) / "failed.json", {"error": message})
+        failure = _full_disk(error)
+        message = one_line(failure) if isinstance(failure, HydraException) else f"{type(failure).__name__}: {failure}"
+        unwritten = _write_failed(message)  # on a full disk it fails too: said in the same line
+        if unwritten is not None:
+            message = f"{message}; {unwritten}"
+            if isinstance(failure, HydraException):
+                failure = (ConfigError if is_bad_input(failure) else RunError)(message)
+            else:  # a bug, which keeps its traceback: this says the rest
+                log.error("%s", unwritten)
         if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN):
-            raise
+            if failure is error:
+                raise
+            raise failure from error
         log.error("job failed: %s", message)
         return NotMeasured(f"the job failed: {message}")
     metric = str(settings.optimized_metric)
@@ -84,6 +94,32 @@ def run(cfg: DictConfig) -> float | NotMeasured:
             log.warning("%s not measured: %s", metric, why)
         return NotMeasured(f"{metric} not measured: {why}")
     return float(value)
+
+
+def _full_disk(error: Exception) -> Exception:
+    """A full disk met where no part of the run said so (an OSError, a traceback): one line naming the disk and
+    its free space. Every other error as it is."""
+    if isinstance(error, HydraException) or not is_disk_full(error):
+        return error
+    full: BaseException | None = error
+    while full is not None and not (isinstance(full, OSError) and full.filename):
+        full = full.__cause__ or full.__context__
+    if full is None:  # no file named (a write to an open file): the run directory, where the run writes
+        where = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
+        return RunError(f"a file in {where} could not be written: {disk_full_line(where, error)}") if where else error
+    return RunError(f"{full.filename} could not be written: {disk_full_line(full.filename, error)}")
+
+
+def _write_failed(message: str) -> str | None:
+    """Rank 0 of a Hydra run writes `failed.json` with `message`; None, or why it could not (a full disk)."""
+    if dist.global_rank() != 0 or not HydraConfig.initialized():
+        return None
+    path = Path(HydraConfig.get().runtime.output_dir) / "failed.json"
+    try:
+        write_json(path, {"error": message})
+    except OSError as error:
+        return f"{path} could not be written either ({error.strerror or error})"
+    return None
 
 
 def _end_sweep(stop: Preempted) -> None:
@@ -170,10 +206,11 @@ def _train_locked(
     faults.signals.last_checkpoint = checkpointer.last_checkpoint  # what a second Ctrl-C names as it exits
     checkpointer.attach(base, step, total_steps, order=data.order)
     progress = checkpointer.resume(replicas=data.replicas)  # the loop's position: only the loop writes it
+    total_steps = checkpointer.total_steps  # where the loop ends: a resumed run's batch change moves it
     finished = out_dir / "metrics.json"
     if progress.step >= total_steps and finished.exists():
         log.info("this run already finished at step %d: %s is kept as it is", progress.step, finished)
-        return json.loads(finished.read_text())
+        return _finished_summary(finished, progress.step)
     pipeline = PipelineMeter(data.loader_args["train"]["num_workers"], data.feed.copy_timer, data.feed.decode_timer)
     agreeing = {"also_agreeing": [checkpointer], "pipeline": pipeline, "environment": environment}
     profiler = Profiler(settings.metrics, device, info, out_dir, steps_left=total_steps - progress.step)
@@ -194,6 +231,21 @@ def _train_locked(
         profile_trace=profiler.trace,
     )
     metrics.finish(summary, finished)
+    return summary
+
+
+def _finished_summary(path: Path, step: int) -> dict:
+    """The summary a finished run wrote, returned again; one line when what is there now cannot be."""
+    try:
+        summary = read_json(path)
+        if not isinstance(summary, dict):
+            raise BadJSON(str(path), f"it holds a {type(summary).__name__}, not a run's summary")
+    except (BadJSON, OSError) as error:
+        why = error if isinstance(error, BadJSON) else f"{path} cannot be read ({error.strerror or error})"
+        raise RunError(
+            f"this run already finished (step {step}), but {why}: delete it to write it again (the last checkpoint "
+            "validated again, without speed figures), or pass another hydra.run.dir"
+        ) from None
     return summary
 
 

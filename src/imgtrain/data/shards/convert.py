@@ -10,7 +10,8 @@ training pipeline.
 
 Images are written in a seeded random order: LitData shuffles whole chunks and the samples inside each, so a
 chunk written in class order would give batches of one or two classes. Each image is decoded once here; one that
-cannot be is listed and left out. The manifest (`imgtrain-shards.json`) is written last, so a killed conversion
+cannot be, or whose header claims more pixels than --max-image-pixels (dataset.max_image_pixels' default unless
+given), is listed and left out. The manifest (`imgtrain-shards.json`) is written last, so a killed conversion
 never looks complete; running the same command again keeps the splits already finished and redoes the others.
 Each split is checked as training will check it (manifest.check_split) as soon as it is written. Files are staged
 in one folder per destination, removed however the conversion stops (staging.py).
@@ -35,6 +36,7 @@ from pathlib import Path
 import litdata
 from tqdm import tqdm
 
+from imgtrain.config.datasets import MAX_IMAGE_PIXELS
 from imgtrain.data import decoders
 from imgtrain.data.decoders import decode_problem
 from imgtrain.data.shards import engine, staging
@@ -61,17 +63,18 @@ DEFAULT_SHARD_MB = 64
 
 class PackImage:
     """LitData's `fn`, in its worker processes: one source image as a sample, or None (left out) when it cannot
-    be decoded. Unreadable files go to a per-process file in `report_dir`; `done` counts images for the bar."""
+    be decoded (or is above `max_pixels`, as training would find it). Unreadable files go to a per-process file in
+    `report_dir`; `done` counts images for the bar."""
 
-    def __init__(self, root: Path, report_dir: str, done) -> None:
-        self.root, self.report_dir, self.done = root, report_dir, done
+    def __init__(self, root: Path, report_dir: str, done, max_pixels: int | None = MAX_IMAGE_PIXELS) -> None:
+        self.root, self.report_dir, self.done, self.max_pixels = root, report_dir, done, max_pixels
 
     def __call__(self, item: tuple[int, str, int]) -> dict | None:
         index, relative, label = item
         path = self.root / relative
         try:
             data = path.read_bytes()
-            problem = decode_problem(data, str(path))
+            problem = decode_problem(data, str(path), self.max_pixels)
         except OSError as error:
             data, problem = b"", error.strerror or str(error)
         with self.done.get_lock():
@@ -114,10 +117,17 @@ def _progress(done, total: int, split: str) -> Iterator[None]:
 
 
 def pack_split(
-    source: Source, store: Store, split: str, shard_mb: int, workers: int, seed: int, scratch: str
+    source: Source,
+    store: Store,
+    split: str,
+    shard_mb: int,
+    workers: int,
+    seed: int,
+    scratch: str,
+    max_pixels: int | None,
 ) -> dict[str, str]:
     """Write one split with LitData's `optimize`, staging under `scratch`; returns the unreadable files it left
-    out (path -> reason)."""
+    out (path -> reason), those above `max_pixels` (--max-image-pixels) included."""
     items = [(index, source.relative(path), label) for index, (path, label) in enumerate(source.splits[split])]
     random.Random(seed).shuffle(items)  # chunks must mix classes (see the module docstring)
     done = multiprocessing.get_context("fork").Value("q", 0)
@@ -129,7 +139,7 @@ def pack_split(
     with _progress(done, len(items), split), engine.scratch_env(os.path.join(scratch, split, "chunks")):
         try:
             litdata.optimize(
-                fn=PackImage(source.root, report_dir, done),
+                fn=PackImage(source.root, report_dir, done, max_pixels),
                 inputs=items,
                 output_dir=store.location.join(split),
                 chunk_bytes=shard_mb * 1_000_000,
@@ -198,8 +208,9 @@ def _intact(store: Store, split: str, files: SplitFiles) -> bool:
 
 
 def convert(
-    src: str, dst: str, *, val_fraction: float, split_seed: int, shard_mb: int, workers: int, val: str | None = None
-) -> Manifest:
+    src: str, dst: str, *, val_fraction: float, split_seed: int, shard_mb: int, workers: int, val: str | None = None,
+    max_pixels: int | None = MAX_IMAGE_PIXELS,
+) -> Manifest:  # fmt: skip
     """Pack SRC into DST (see the module docstring); prints what it does and returns the manifest."""
     decoders.check("imgtrain-shards")  # every image is decoded once, as training will, before it is packed
     source = Source.read(src, val_fraction, split_seed, val)
@@ -219,7 +230,8 @@ def convert(
     with staging.staging(store.location.url, store.endpoint) as scratch:
         for split in SPLITS:
             if split not in done:
-                done[split] = _write_split(source, store, split, state, done, (shard_mb, workers, split_seed, scratch))
+                how = (shard_mb, workers, split_seed, scratch, max_pixels)
+                done[split] = _write_split(source, store, split, state, done, how)
     manifest = Manifest(
         classes=source.classes,
         source={"root": str(source.root), **source.layout, "fingerprint": fingerprint},
@@ -235,7 +247,7 @@ def convert(
 
 def _write_split(source: Source, store: Store, split: str, state: dict, done: dict, how: tuple) -> SplitFiles:
     """Pack one split, check it as training will, and record it in the partial file (`state` gains its unreadable
-    files). `how`: (shard_mb, workers, seed, staging folder)."""
+    files). `how`: (shard_mb, workers, seed, staging folder, max_pixels)."""
     _save_partial(store, state, done)  # before anything is written: this destination is being converted
     store.remove(split)  # whatever a killed run left of this split
     skipped = pack_split(source, store, split, *how)
@@ -280,6 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-seed", type=int, default=0, help="without val/: as dataset.split_seed")
     parser.add_argument("--shard-mb", type=int, default=DEFAULT_SHARD_MB, help="largest shard, in MB (default 64)")
     parser.add_argument("--workers", type=int, default=available_cpus(), help="processes (default: every CPU)")
+    parser.add_argument(
+        "--max-image-pixels",
+        type=_pixel_limit,
+        default=MAX_IMAGE_PIXELS,
+        help=f"as dataset.max_image_pixels: a file whose header claims more is left out (default {MAX_IMAGE_PIXELS}, "
+        "PIL's limit; none = no limit)",
+    )
     args = parser.parse_args(argv)
     if not 0.0 < args.val_fraction < 1.0 or args.shard_mb < 1 or args.workers < 1:
         parser.error("--val-fraction must lie in (0, 1); --shard-mb and --workers must be at least 1")
@@ -294,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                 split_seed=args.split_seed,
                 shard_mb=args.shard_mb,
                 workers=args.workers,
+                max_pixels=args.max_image_pixels,
             )
     except RunError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
@@ -309,6 +329,19 @@ def main(argv: list[str] | None = None) -> int:
     print(report(manifest, args.dst))
     print(f"({time.perf_counter() - started:.1f} s)")
     return 0
+
+
+def _pixel_limit(text: str) -> int | None:
+    """--max-image-pixels: pixels >= 1, or none."""
+    if text.strip().lower() in ("none", "null"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected pixels >= 1, or none (no limit)")
+    return value
 
 
 if __name__ == "__main__":  # python -m imgtrain.data.shards.convert SRC DST (imgtrain-shards checks LitData first)

@@ -20,6 +20,7 @@ import torch
 from litdata import StreamingDataset
 from litdata.streaming.sampler import ChunkedIndex
 
+from imgtrain.config.datasets import MAX_IMAGE_PIXELS
 from imgtrain.config.fields import AugmentOn
 from imgtrain.data import batched, decoders
 from imgtrain.data.datasets import CorruptSampleError, DatasetBundle, imagenet_transforms, triple
@@ -52,10 +53,19 @@ class Record:
 class ShardSplit(StreamingDataset, StreamedSplit):
     """One split of a converted dataset. LitData calls `__getitem__` in the worker for each sample of its order;
     this returns the folder path's `loader.Sample`: (image, label, unreadable files met, stage seconds).
-    `samples`: how many the converter stored (the manifest's count), whatever LitData deals out."""
+    `samples`: how many the converter stored (the manifest's count), whatever LitData deals out; `max_pixels`:
+    dataset.max_image_pixels, checked in each image's header before it is decoded (or handed to nvJPEG)."""
 
     def __init__(
-        self, location: Location, split: str, transform: Any, *, gpu_decode: bool, cache: dict, samples: int
+        self,
+        location: Location,
+        split: str,
+        transform: Any,
+        *,
+        gpu_decode: bool,
+        cache: dict,
+        samples: int,
+        max_pixels: int | None = MAX_IMAGE_PIXELS,
     ) -> None:
         url = location.join(split)
         super().__init__(
@@ -66,7 +76,7 @@ class ShardSplit(StreamingDataset, StreamedSplit):
             serializers=engine.serializers(set(FIELDS.values())),
         )
         self.url, self.root, self.image_transform, self.gpu_decode = url, location.url, transform, gpu_decode
-        self._samples = samples
+        self._samples, self.max_pixels = samples, max_pixels
         # Set by ShardLoader before its workers start: training (augmentation seeds, replacing unreadable images)
         # or validation (dropping them), and whether samples are timed (data.stage_timings).
         self.train, self.timed = False, True
@@ -168,14 +178,15 @@ class ShardSplit(StreamingDataset, StreamedSplit):
     def _decode(self, record: Record, seed: int | None) -> tuple[Any, float, float]:
         """(image, decode seconds, augment seconds): uint8 [3, S, S], or the undecoded JPEG with decode=cuda."""
         if self.gpu_decode:  # the GPU decodes and transforms whole batches (gpu_decode.py)
-            problem = jpeg_problem(record.data)
+            problem = jpeg_problem(record.data, self.max_pixels)
             if problem:
                 raise CorruptSampleError(record.name, problem)
             data = torch.frombuffer(bytearray(record.data), dtype=torch.uint8)
             return EncodedJpeg(data, record.name, seed), 0.0, 0.0
         started = time.perf_counter()
         try:
-            raw = decode_bytes(torch.frombuffer(bytearray(record.data), dtype=torch.uint8), record.name)
+            data = torch.frombuffer(bytearray(record.data), dtype=torch.uint8)
+            raw = decode_bytes(data, record.name, self.max_pixels)
         except DECODE_ERRORS as error:
             raise CorruptSampleError(record.name, error_reason(error)) from None
         decoded = time.perf_counter()
@@ -211,6 +222,7 @@ def build_shards(
     randaugment_magnitude: int = 9,
     random_erasing: float = 0.0,
     val_image_size: int | None = None,
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
 ) -> DatasetBundle:
     """The converted dataset at `root`, checked before any step: the store answers, the manifest is there and every
     shard has the size the converter wrote (one line naming what is wrong otherwise)."""
@@ -241,6 +253,7 @@ def build_shards(
             gpu_decode=str(decode) == "cuda",
             cache=_cache(location, split, cache_dir, cache_limit_gb, timeout_s),
             samples=manifest.splits[split].samples,
+            max_pixels=max_image_pixels,
         )
         for split in SPLITS
     )

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from imgtrain.data.shards.store import Store
+from imgtrain.resilience.atomic import BadJSON, read_json
 from imgtrain.resilience.errors import ConfigError, RunError
 
 MANIFEST = "imgtrain-shards.json"  # written last: its presence means the conversion finished
@@ -103,7 +104,7 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str, where: str) -> Manifest:
         try:
-            raw = json.loads(text)
+            raw = _parsed(text, where)
             if not isinstance(raw, dict) or raw.get("format") != FORMAT:
                 raise ValueError(f"format is {raw.get('format') if isinstance(raw, dict) else raw!r}, not {FORMAT!r}")
             if raw.get("version") != VERSION:
@@ -139,11 +140,20 @@ class Manifest:
         return self
 
 
+def _parsed(text: str, where: str) -> Any:
+    """`text` as JSON; a ValueError saying only what is wrong ("nested too deeply to parse", "not valid JSON: ..."),
+    for the caller's line that names the file (json.loads: a RecursionError when nested 100,000 deep)."""
+    try:
+        return read_json(text, where)
+    except BadJSON as error:
+        raise ValueError(error.why) from None
+
+
 def read_partial(text: str, where: str) -> dict[str, Any]:
     """The partial file of an unfinished conversion: {"fingerprint", "root", "done": {split: SplitFiles},
     "unreadable": {path: reason}}, every value checked; one line naming it otherwise."""
     try:
-        state = json.loads(text)
+        state = _parsed(text, where)
         if not isinstance(state, dict):
             raise ValueError(f"it holds {type(state).__name__}, not a mapping")
         for value, kind, what in (
@@ -213,7 +223,7 @@ def _check_index(store: Store, split: str, written: SplitFiles) -> None:
     converter wrote them (see the module docstring): before LitData reads any of it."""
     where = store.location.join(split, INDEX)
     try:
-        index = json.loads(store.read_text(f"{split}/{INDEX}") or "{}")
+        index = _parsed(store.read_text(f"{split}/{INDEX}") or "{}", where)
         chunks, config = index["chunks"], index["config"]
         listed = {
             file_name(chunk["filename"], where): (int(chunk["chunk_bytes"]), int(chunk["chunk_size"]))
@@ -254,13 +264,13 @@ def _check_config(config: object, updated_at: object, where: str) -> None:
 def _spec_fields(spec: object) -> list[str] | None:
     """The field names of LitData's serialized tree of a sample when it is a flat dict of plain leaves."""
     try:
-        protocol, tree = json.loads(spec)
+        protocol, tree = read_json(spec, "data_spec")
         leaves = [
             child for child in tree["children_spec"] if child == {"type": None, "context": None, "children_spec": []}
         ]
         if protocol != 1 or tree["type"] != "builtins.dict" or len(leaves) != len(tree["children_spec"]):
             return None
-        names = json.loads(tree["context"])
+        names = read_json(tree["context"], "data_spec's context")
         return names if len(names) == len(leaves) else None
     except (ValueError, TypeError, KeyError):
         return None

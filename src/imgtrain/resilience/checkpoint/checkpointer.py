@@ -23,8 +23,10 @@ from torch import nn
 from imgtrain.config.schema import BestOf, Config, Mode
 from imgtrain.host import dist
 from imgtrain.resilience.agreement import Agreement
+from imgtrain.resilience.checkpoint.changes import changed_settings
 from imgtrain.resilience.checkpoint.files import DIRNAME, FORMAT, FORMAT_VERSION, CheckpointStore, locate
 from imgtrain.resilience.checkpoint.files import load as load_checkpoint
+from imgtrain.resilience.checkpoint.shape import FieldError, check_shape
 from imgtrain.resilience.checkpoint.state import (
     HostSnapshot,
     Progress,
@@ -34,6 +36,7 @@ from imgtrain.resilience.checkpoint.state import (
     restore_rng,
 )
 from imgtrain.resilience.checkpoint.writer import AsyncWriter
+from imgtrain.resilience.disk import disk_full_line, is_disk_full
 from imgtrain.resilience.errors import ConfigError, RunError, first_line
 from imgtrain.resilience.faults import Faults, Preempted, Stop, StopReason
 from imgtrain.train.step import Step
@@ -207,7 +210,10 @@ class Checkpointer:
         error = self.writer.failure
         if error is None:  # another rank: rank 0's log has the reason
             return RunError(f"rank 0 could not write a checkpoint (its log says why). {self.last_checkpoint()}")
-        reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0] or type(error).__name__
+        if is_disk_full(error):  # torch.save's own message for it is "unexpected pos N vs M": say which disk
+            reason = disk_full_line(self.store.last, error)
+        else:
+            reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0] or type(error).__name__
         return RunError(
             f"could not write the checkpoint of step {self.writer.failed_step} to {self.store.last} ({reason}); "
             f"the run stopped. {self.last_checkpoint()} Free space or fix the disk, then run the same command "
@@ -255,36 +261,59 @@ class Checkpointer:
         return self.progress
 
     def _restore(self, payload: dict[str, Any], chosen: str, replicas: int) -> None:
+        try:  # a file that passed load()'s checks but not written by this format (edited, or from elsewhere)
+            check_shape(payload)
+        except FieldError as error:
+            raise self._not_ours(chosen, f"its field {error}") from None
         try:
             self.model.load_state_dict(payload["model"])
-            self.step_state.load_state_dict(payload)
-        except (RuntimeError, ValueError, KeyError) as error:  # another model, optimizer or number of classes
+            fresh = self.step_state.load_state_dict(payload)
+        except (RuntimeError, ValueError, KeyError, TypeError) as error:  # another model or number of classes
             raise RunError(
                 f"the checkpoint {chosen} does not fit this run's model or optimizer ({first_line(error)}): resume "
                 "with the settings it was trained with, or pass checkpoint.resume=none (or a new hydra.run.dir) to "
                 "start over"
             ) from None
-        try:  # a file that passed load()'s checks but not written by this format (edited, or from elsewhere)
+        try:
             restore_rng(payload["rng"])
             if self.order is not None:
                 self.order.load_state_dict(payload.get("data_order"))
             self.progress, counts = progress_from(payload, replicas)
-            saved_batch = int(payload["global_batch"])
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as error:
-            what = f"no {error}" if isinstance(error, KeyError) else first_line(error)
-            raise RunError(
-                f"the checkpoint {chosen} is not one imgtrain can resume ({what}): pass checkpoint.resume=none (or a "
-                "new hydra.run.dir) to start over, or checkpoint.resume=<another checkpoint>"
-            ) from None
+            raise self._not_ours(chosen, f"no {error}" if isinstance(error, KeyError) else first_line(error)) from None
         self.faults.restore(counts)
-        global_batch = self.settings.data.batch_size * self.info.world_size
-        if saved_batch != global_batch:
-            log.warning(
-                "the checkpoint was trained with a global batch of %d, this run uses %d: the epoch resumes at the "
-                "same sample, and the step count and LR schedule follow the new setting",
-                *(saved_batch, global_batch),
-            )
         log.info(
             "resuming from %s: step %d, epoch %d, %d samples into the epoch",
             *(chosen, self.progress.step, self.progress.epoch + 1, self.progress.samples_in_epoch),
+        )
+        self._follow_this_runs_schedule(payload, fresh)
+
+    @staticmethod
+    def _not_ours(chosen: str, what: str) -> RunError:
+        return RunError(
+            f"the checkpoint {chosen} is not one imgtrain can resume ({what}): pass checkpoint.resume=none (or a "
+            "new hydra.run.dir) to start over, or checkpoint.resume=<another checkpoint>"
+        )
+
+    def _follow_this_runs_schedule(self, payload: dict[str, Any], fresh: str | None) -> None:
+        """Position this run's LR schedule at the point of training the checkpoint reached, counted in samples as
+        the data is (epochs done, samples into this one), so a run resumed with another batch size, more epochs or
+        another schedule continues where training was, by its own settings. The loop still counts optimizer steps
+        from the checkpoint's (TensorBoard's x axis), so the end of the run moves by the difference. Says in one
+        line what changed."""
+        global_batch = self.settings.data.batch_size * self.info.world_size
+        position = self.progress.epoch * self.step_state.steps_per_epoch
+        position += self.progress.samples_in_epoch // global_batch
+        self.step_state.resume_schedule(position)
+        scheduled = self.total_steps
+        self.total_steps += self.progress.step - position
+        changes = changed_settings(payload.get("config"), self.settings, payload["global_batch"], global_batch)
+        if not changes and fresh is None:
+            return
+        place = f"epoch {self.progress.epoch + 1}, sample {self.progress.samples_in_epoch}"
+        moments = fresh or "the optimizer's moments come from the checkpoint"
+        log.warning(
+            "resuming with settings other than the checkpoint's (%s): %s; the hyperparameters and the LR schedule "
+            "follow this run's settings from where training was (%s: step %d of this run's %d-step schedule)",
+            *(", ".join(changes) or "the same settings", moments, place, position, scheduled),
         )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import re
 import secrets
 import shutil
 import stat
@@ -22,20 +21,14 @@ import torch
 
 from imgtrain.resilience.atomic import atomic_write, fsync_dir
 from imgtrain.resilience.errors import ConfigError, RunError
+from imgtrain.resilience.links import refuse_foreign_links
+from imgtrain.resilience.safe_load import unsafe_torch_reason
 
 log = logging.getLogger(__name__)
 
 FORMAT = "imgtrain-checkpoint"
 FORMAT_VERSION = 1
 DIRNAME = "checkpoints"
-
-
-SAFE_TORCH = (2, 10)  # the first torch whose weights_only loader has no known bypass (see `load`)
-
-
-def torch_release() -> tuple[int, int]:
-    major, minor = re.match(r"(\d+)\.(\d+)", torch.__version__).groups()
-    return int(major), int(minor)
 
 
 class CheckpointError(Exception):
@@ -75,11 +68,9 @@ def load(path: Path) -> dict[str, Any]:
     lives (AdamW's `step` stays on the CPU unless the optimizer is fused), and the RNG states must be CPU
     tensors anyway. Mapping to the GPU here broke resume on CUDA.
     """
-    if torch_release() < SAFE_TORCH:
-        raise CheckpointError(
-            f"torch {torch.__version__} cannot load it safely: its weights_only loader has known bypasses before "
-            f"{'.'.join(map(str, SAFE_TORCH))} (CVE-2025-32434, CVE-2026-24747); install torch>=2.10"
-        )
+    unsafe = unsafe_torch_reason()
+    if unsafe:
+        raise CheckpointError(f"torch {torch.__version__} cannot load it safely: {unsafe}")
     reason = damage(path)
     if reason:
         raise CheckpointError(reason)
@@ -94,8 +85,11 @@ def load(path: Path) -> dict[str, Any]:
         raise CheckpointError(str(error).strip().splitlines()[0]) from error
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError("not an imgtrain checkpoint")
-    if payload.get("version", 0) > FORMAT_VERSION:
-        raise CheckpointError(f"written by a newer imgtrain (format {payload['version']} > {FORMAT_VERSION})")
+    version = payload.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CheckpointError(f"its version is {version!r}, not a format number (imgtrain writes {FORMAT_VERSION})")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"written by a newer imgtrain (format {version} > {FORMAT_VERSION})")
     return payload
 
 
@@ -109,6 +103,8 @@ class CheckpointStore:
         self.prev = directory / "last.prev.pt"
         self.best = directory / "best.pt"
         self._last_trusted: bool | None = None  # None: not checked yet
+        if enabled:  # checkpoints/ (or the run directory) a link another user planted: never written through
+            refuse_foreign_links(directory.parent, directory.name)
         if enabled and directory.is_dir():
             for stale in directory.glob(".*.tmp"):  # left by a process killed mid-write (the run-directory
                 try:  # lock makes sure no other process is writing one now); a planted link, not its target

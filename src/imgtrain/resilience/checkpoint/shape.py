@@ -1,0 +1,128 @@
+"""What a checkpoint must hold, checked before any of it is used. `files.load` has checked that the file is a zip
+of plain data (weights_only) in imgtrain's format; a file of that format whose fields were edited, or that some
+other program wrote, ends here in one line naming the field, not in a traceback from deep inside load_state_dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+import torch
+
+from imgtrain.resilience.checkpoint.state import Progress
+from imgtrain.resilience.faults import FaultCounts
+
+
+class FieldError(ValueError):
+    """A checkpoint field that is missing or of the wrong kind: its dotted name and what was wrong."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__(f"{name} {problem}")
+
+
+def _kind(value: Any) -> str:
+    text = repr(value)
+    kind = type(value).__name__
+    return f"{text[:40]}{'...' if len(text) > 40 else ''} ({'an' if kind[0] in 'aeiou' else 'a'} {kind})"
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _number_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _numbers(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and _number_or_none(v) for k, v in value.items())
+
+
+def _texts(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+# What each field of a checkpoint's `progress` entry may hold, by its annotation in Progress and FaultCounts (one
+# source of truth: a field added there with a new kind of value fails tests/test_trust.py until it is listed here).
+ANNOTATIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "int": (_whole, "a whole number >= 0"),
+    "float | None": (_number_or_none, "a number or null"),
+    "dict[str, float]": (_numbers, "a mapping of names to numbers"),
+    "dict[str, str]": (_texts, "a mapping of paths to reasons"),
+}
+
+
+def check_shape(payload: dict[str, Any]) -> None:
+    """Raise FieldError for the first field that is missing or of the wrong kind."""
+    _tensors(payload, "model")
+    _optimizer(payload)
+    _field(payload, "scaler", lambda v: isinstance(v, dict), "a mapping (empty when the loss scaler was off)")
+    if "ema" in payload:
+        _tensors(payload, "ema")
+        _field(payload, "ema_updates", lambda v: isinstance(v, torch.Tensor) and v.numel() == 1, "a one-element tensor")
+    _progress(payload)
+    _rng(payload)
+    _field(payload, "global_batch", lambda v: _whole(v) and v > 0, "a whole number > 0")
+    if payload.get("data_order") is not None:
+        _field(payload, "data_order", lambda v: isinstance(v, dict), "a mapping or null")
+
+
+def _field(tree: dict[str, Any], name: str, good: Callable[[Any], bool], expected: str, prefix: str = "") -> Any:
+    if name not in tree:
+        raise FieldError(prefix + name, "is missing")
+    value = tree[name]
+    if not good(value):
+        raise FieldError(prefix + name, f"is {_kind(value)}, expected {expected}")
+    return value
+
+
+def _tensors(payload: dict[str, Any], name: str) -> None:
+    def good(value: Any) -> bool:
+        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
+
+    state = _field(payload, name, good, "a state_dict (a mapping of names to tensors)")
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor) and not (key.endswith("_extra_state")):
+            raise FieldError(f"{name}.{key}", f"is {_kind(value)}, expected a tensor")
+
+
+def _optimizer(payload: dict[str, Any]) -> None:
+    optimizer = _field(payload, "optimizer", lambda v: isinstance(v, dict), "an optimizer's state_dict")
+    _field(optimizer, "state", lambda v: isinstance(v, dict), "a mapping of parameter ids to buffers", "optimizer.")
+    groups = _field(optimizer, "param_groups", lambda v: isinstance(v, list), "a list of mappings", "optimizer.")
+    for index, group in enumerate(groups):
+        where = f"optimizer.param_groups[{index}]"
+        if not isinstance(group, dict):
+            raise FieldError(where, f"is {_kind(group)}, expected a mapping")
+        ids = lambda v: isinstance(v, list) and all(_whole(i) for i in v)  # noqa: E731
+        _field(group, "params", ids, "a list of parameter ids", f"{where}.")
+    if "optimizer_class" in payload:
+        _field(payload, "optimizer_class", lambda v: isinstance(v, str), "a class name")
+
+
+def _progress(payload: dict[str, Any]) -> None:
+    progress = _field(payload, "progress", lambda v: isinstance(v, dict), "a mapping")
+    known = {f.name: f.type for f in (*fields(Progress), *fields(FaultCounts)) if f.metadata.get("saved", True)}
+    for name in progress:
+        if name not in known:
+            raise FieldError(f"progress.{name}", f"is not a field imgtrain saves (those are {', '.join(known)})")
+    for name in ("step", "epoch", "samples_in_epoch"):
+        _field(progress, name, _whole, "a whole number >= 0", "progress.")
+    for name, value in progress.items():
+        good, expected = ANNOTATIONS[known[name]]
+        if not good(value):
+            raise FieldError(f"progress.{name}", f"is {_kind(value)}, expected {expected}")
+
+
+def _rng(payload: dict[str, Any]) -> None:
+    rng = _field(payload, "rng", lambda v: isinstance(v, dict), "a mapping of generator states")
+    triple = lambda v: isinstance(v, (tuple, list)) and len(v) == 3  # noqa: E731
+    python = _field(rng, "python", triple, "(version, state, gauss)", "rng.")
+    if not (isinstance(python[1], (tuple, list)) and all(_whole(i) for i in python[1])):
+        raise FieldError("rng.python", "holds a state that is not a sequence of whole numbers")
+    numpy = _field(rng, "numpy", lambda v: isinstance(v, dict), "a mapping (kind, keys, pos)", "rng.")
+    _field(numpy, "keys", lambda v: isinstance(v, torch.Tensor), "a tensor", "rng.numpy.")
+    _field(numpy, "pos", _whole, "a whole number >= 0", "rng.numpy.")
+    _field(rng, "torch", lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.uint8, "a uint8 tensor", "rng.")
