@@ -4,6 +4,7 @@ tmpfs of 2 MiB (mounting one needs root: the tests skip elsewhere)."""
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -99,8 +100,10 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_the_last_good_one_stays(dis
     kept = last.read_bytes()
     (run_dir / "metrics.json").unlink()
     _fill(disk, 3)  # room for loader_args.json, not for a checkpoint (about 8 pages)
+    before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(RunError) as caught:
         run(compose_cfg(*quick, "train.max_steps=4", output_dir=str(run_dir)))
+    assert signal.getsignal(signal.SIGTERM) is before  # kept while the run ended, given back when run() returned
     message = str(caught.value)
     assert message.startswith(f"could not write the checkpoint of step 4 to {last} (No space left on device on {disk}")
     assert "(tmpfs, " in message and "unexpected pos" not in message and "\n" not in message

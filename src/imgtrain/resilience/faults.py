@@ -67,7 +67,14 @@ class StopSignals:
             self._previous[signum] = signal.signal(signum, self._record)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None = None, *exc: object) -> None:
+        if exc_type is not None and self._previous:
+            # The run is ending with its own line (an error, a stop, a lost peer) and still cleans up: workers,
+            # the lock, the process group. A stop signal then (torchrun signals every rank once one has failed)
+            # must not kill it silently before that line is printed: it stays recorded, and the handlers that
+            # were there come back when run() returns (`restore_after_ending`).
+            _ENDING.append(self)
+            return
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
@@ -90,6 +97,16 @@ class StopSignals:
         self.__exit__()
         if callable(previous) and previous is not signal.default_int_handler:  # that one raises KeyboardInterrupt
             previous(signum, None)
+
+
+_ENDING: list[StopSignals] = []  # handlers kept while a run that left training with an exception ends
+
+
+def restore_after_ending() -> None:
+    """Put back the signal handlers a run kept while it ended with an exception (`StopSignals.__exit__`); run()
+    calls it as it returns, so the process (or the next job of a sweep) has its own handlers again."""
+    while _ENDING:
+        _ENDING.pop().__exit__()
 
 
 @dataclass
@@ -165,7 +182,7 @@ class Faults:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.signals.__exit__()
+        self.signals.__exit__(*exc)
 
     def restore(self, counts: FaultCounts) -> None:
         """The counts a resumed checkpoint saved."""

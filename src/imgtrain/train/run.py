@@ -33,7 +33,7 @@ from imgtrain.resilience.atomic import BadJSON, read_json, write_json
 from imgtrain.resilience.checkpoint import Checkpointer
 from imgtrain.resilience.disk import disk_full_line, is_disk_full
 from imgtrain.resilience.errors import ConfigError, RunError, is_bad_input
-from imgtrain.resilience.faults import Faults, Preempted
+from imgtrain.resilience.faults import Faults, Preempted, restore_after_ending
 from imgtrain.sweep.jobs import STOPPED
 from imgtrain.sweep.report import build_report
 from imgtrain.train.cli import one_line
@@ -85,6 +85,8 @@ def run(cfg: DictConfig) -> float | NotMeasured:
             raise failure from error
         log.error("job failed: %s", message)
         return NotMeasured(f"the job failed: {message}")
+    finally:
+        restore_after_ending()  # the stop handlers a run ending with an exception kept while it cleaned up
     metric = str(settings.optimized_metric)
     value = summary.get(metric)
     if value is None or not math.isfinite(float(value)):
