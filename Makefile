@@ -10,6 +10,10 @@ PYTEST_ARGS ?=
 # make test's processes (pytest-xdist; tests/conftest.py gives each its share of the CPUs): 2 fit CI's 2 cores
 TEST_WORKERS ?= 2
 NPROC ?= 2
+# make gpu-check: where its results go (on the GPU box: GPU_CHECK_OUT=$$OUT) and the commit the tree is (the box gets
+# the tree without .git)
+GPU_CHECK_OUT ?= outputs/gpu-check
+GPU_CHECK_COMMIT ?=
 ifdef NOVENV
 SETUP :=
 RUN := PYTHONPATH=$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON)
@@ -19,7 +23,7 @@ RUN := $(BIN)/python
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help install train ddp sweep shards bench bench-quick bench-gpu test test-slow test-gpu test-all lint format docs clean
+.PHONY: help install train ddp sweep shards bench bench-quick bench-gpu gpu-check test test-slow test-gpu test-all lint format docs clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -53,6 +57,9 @@ bench-quick: $(SETUP) ## The harness's smoke test: every path, few steps, report
 
 bench-gpu: $(SETUP) ## The GPU sections of the harness (gpu-ceilings, gpu-jpeg, recipe-cost; ~15 min on one H100); timm's side: ARGS='--timm-train PATH'
 	$(RUN) benchmarks/bench.py --only gpu-ceilings,gpu-jpeg,recipe-cost $(ARGS)
+
+gpu-check: $(SETUP) ## GPU tests and every headline GPU figure in one call of at most 8 min on one H100, results as they come in GPU_CHECK_OUT (docs/gpu.md)
+	$(RUN) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(if $(GPU_CHECK_COMMIT),--commit "$(GPU_CHECK_COMMIT)") $(ARGS)
 
 test: $(SETUP) ## Run the fast test suite in TEST_WORKERS processes (2 min on 2 cores; slow tests: make test-slow)
 	$(RUN) -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)

@@ -12,8 +12,9 @@ Sections, in one invocation on this machine (`--only` picks some, e.g. `--only g
                 loader's own ceiling per worker count), and the ceiling and device-resident path compiled with
                 CUDA graphs (system.compile_mode=reduce_overhead); ResNet-50 at 224 px on synthetic data. About
                 4 minutes on one H100, plus two compilations;
-  gpu-jpeg      ResNet-50 at 224 px from a JPEG folder: CPU decode and dataset.decode=cuda, and timm's train.py
-                on the same folder when --timm-train is given. About 5 minutes on one H100;
+  gpu-jpeg      ResNet-50 at 224 px from a JPEG folder of ImageNet's mix of sizes with 3% 12-MP photos
+                (benchmarks/photos.py, the folder gpu-check reads): CPU decode and dataset.decode=cuda, and timm's
+                train.py on the same folder when --timm-train is given. About 5 minutes on one H100;
   storage       the same JPEGs as a folder and as shards (dataset=shards), read by one loader worker from the page
                 cache and from a store that charges 5 ms per file open (benchmarks/storage.py); about 9 minutes;
   decode-cpu, resize-kernels  kernels timed in this process on one thread (benchmarks/kernels.py): CPU JPEG
@@ -53,8 +54,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+import gpu_rows  # noqa: E402  (benchmarks/gpu_rows.py: the GPU rows' overrides, shared with gpu_check.py)
 import kernels  # noqa: E402  (benchmarks/kernels.py)
+import photos  # noqa: E402  (benchmarks/photos.py)
 import recipes  # noqa: E402  (benchmarks/recipes.py)
+from gpu_rows import GPU_STEPS, GPU_WARMUP, NOT_MEASURED, R18_BATCH, R50_BATCH  # noqa: E402
 from storage import storage  # noqa: E402  (benchmarks/storage.py)
 
 from imgtrain.data.datasets import build_shapes  # noqa: E402
@@ -62,7 +66,6 @@ from imgtrain.data.samples import GuardedSamples, collate  # noqa: E402
 from imgtrain.data.shapes import ensure_shapes  # noqa: E402
 from imgtrain.host.cpus import available_cpus  # noqa: E402
 
-NOT_MEASURED = "not measured: no CUDA device on this machine"
 CKPT_WINDOW = 5  # steps per logging window in the checkpoint section
 CPU_CKPT_STEPS = 200  # ResNet-18 at 32 px, batch 64, on 2 cores: about 95 s, so 3 saves 30 s apart
 
@@ -81,7 +84,7 @@ class Bench:
         self.runs += 1
         run_dir = self.workdir / "runs" / f"{self.runs:03d}"
         args = [*overrides, *([] if checkpoints else ["checkpoint.save=false"]), "metrics.progress_bar=false"]
-        cmd = [sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"]
+        cmd = [*gpu_rows.python(), "train.py", *args, f"hydra.run.dir={run_dir}"]
         print(f"  run {self.runs:03d}: {_shown(args)}", flush=True)
         try:
             environ = {**self.env, **(env or {})}
@@ -97,7 +100,7 @@ class Bench:
         return {"command": _shown(args), "run_dir": str(run_dir), **metrics}
 
     def bare(self, steps: int, warmup: int) -> dict:
-        cmd = [sys.executable, "benchmarks/bare_loop.py", f"--data-dir={self.workdir / 'data'}"]
+        cmd = [*gpu_rows.python(), "benchmarks/bare_loop.py", f"--data-dir={self.workdir / 'data'}"]
         cmd += [f"--steps={steps}", f"--warmup={warmup}"]
         result = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=1800)
         if result.returncode != 0:
@@ -242,8 +245,6 @@ def save_stall(run_dir: Path, save_steps: list[int], window: int) -> list[float]
 
 
 # ----------------------------------------------------------------------------- GPU sections
-GPU_STEPS, GPU_WARMUP = 300, 50  # every GPU row: 250 steady-state steps after 50 warm-up steps
-R18_BATCH, R50_BATCH = 512, 256
 
 
 def clock_cost(bench: Bench, rounds: int) -> dict:
@@ -288,15 +289,11 @@ def stage_breakdown(bench: Bench, repeats: int, steps: int) -> dict:
 
 
 LOADER_WORKERS = (8, 12, 15)  # the DataLoader rows on the 16-core box: the best of these is the row that counts
-JPEG_SIZE, JPEG_TRAIN, JPEG_VAL = 384, 25_600, 512  # about ImageNet's mean pixel count; 100 steps an epoch
-R18 = ["model=resnet18_cifar", "dataset.image_size=32", f"data.batch_size={R18_BATCH}", "system.precision=bf16"]
-R50 = ["model=resnet50", "dataset.image_size=224", f"data.batch_size={R50_BATCH}", "system.precision=bf16"]
+R18, R50 = gpu_rows.r18(), gpu_rows.r50()
 
 
 def _gpu_steps(steps: int, warmup: int, epoch_images: int | None = None) -> list[str]:
-    """One epoch long enough for every step (no epoch end inside the measurement) unless told otherwise."""
-    args = [f"train.max_steps={steps}", f"metrics.skip_first_steps={warmup}", "metrics.log_every_n_steps=25"]
-    return [*args, "train.epochs=1"] + ([f"dataset.num_train={epoch_images}"] if epoch_images else [])
+    return gpu_rows.steps_args(steps, warmup, epoch_images=epoch_images)
 
 
 def gpu_ceilings(bench: Bench, steps: int, warmup: int) -> list[dict]:
@@ -322,7 +319,7 @@ def gpu_ceilings(bench: Bench, steps: int, warmup: int) -> list[dict]:
             *_gpu_steps(steps, warmup, r18_images),
         ),
     ]
-    graphs = ["system.compile=true", "system.compile_mode=reduce_overhead"]  # torch.compile with CUDA graphs
+    graphs = gpu_rows.GRAPHS
     rows += [
         _gpu_row(
             bench,
@@ -396,10 +393,9 @@ def gpu_ceilings(bench: Bench, steps: int, warmup: int) -> list[dict]:
 
 
 def jpeg_folder(bench: Bench) -> Path:
-    """A JPEG ImageFolder (train/ and val/) of 384-px shapes for the ResNet-50 224-px rows; generated once."""
-    count = (512, 128) if bench.quick else (JPEG_TRAIN, JPEG_VAL)
-    size = 96 if bench.quick else JPEG_SIZE
-    return Path(ensure_shapes(str(bench.workdir / "data" / "jpeg"), size, *count, 2, processes=available_cpus()))
+    """The mixed-size JPEG folder (train/ and val/) of the ResNet-50 224-px rows, gpu-check's; generated once."""
+    counts, scale = photos.spec(bench.quick)
+    return photos.ensure_folder(bench.workdir / "data" / "photos", counts, scale=scale, processes=available_cpus())
 
 
 def gpu_jpeg(bench: Bench, steps: int, warmup: int, timm: dict | None) -> dict:
@@ -413,14 +409,13 @@ def gpu_jpeg(bench: Bench, steps: int, warmup: int, timm: dict | None) -> dict:
     if not torch.cuda.is_available():  # no folder to generate: nothing here can run
         return {"rows": [_gpu_row(bench, key, target) for key, target in names.items()]}
     root = jpeg_folder(bench)
-    common = ["dataset=imagefolder", f"dataset.root={root}", *R50, f"data.num_workers={workers}",
-              f"train.max_steps={steps}", f"metrics.skip_first_steps={warmup}", "metrics.log_every_n_steps=25",
-              "train.epochs=10"]  # fmt: skip
-    files = sum(1 for _ in (root / "train").rglob("*.jpg"))
+    common = gpu_rows.jpeg_args(str(root), workers, steps, warmup, gpu_rows.GPU_LOG_EVERY, R50)
+    folder = photos.describe(root)
     result = {
-        "folder": {"root": str(root), "train_files": files, "mean_kb": _mean_kb(root), "image_px": JPEG_SIZE},
+        "folder": folder,
         "rows": [_gpu_row(bench, key, target, *common, *_jpeg_args(key)) for key, target in names.items()],
     }
+    files = folder["train_files"]
     if timm:
         result["timm"] = run_timm(bench, root, workers, (steps, warmup, files // R50_BATCH), timm)
     return result
@@ -435,11 +430,6 @@ def _gpu_row(bench: Bench, key: str, target: str, *args: str) -> dict:
     if not torch.cuda.is_available():
         return {"key": key, "target": target, "note": NOT_MEASURED}
     return {"key": key, "target": target, **_figures(bench.train(*args))}
-
-
-def _mean_kb(root: Path) -> float:
-    sizes = [p.stat().st_size for p in (root / "train").rglob("*.jpg")]
-    return sum(sizes) / max(1, len(sizes)) / 1e3
 
 
 TIMM_STEP = re.compile(r"Train: (\d+) \[\s*(\d+)/(\d+).*?Time: ([0-9.]+)s")
@@ -475,8 +465,7 @@ def run_timm(bench: Bench, root: Path, workers: int, schedule: tuple[int, int, i
 
 
 def _figures(run: dict) -> dict:
-    keys = ("images_per_sec", "data_wait_frac", "gpu_util_mean", "cpu_pct_mean", "rss_peak_gb", "measured_steps")
-    return {key: run.get(key) for key in (*keys, "verdict", "command", "run_dir", "error") if key in run}
+    return gpu_rows.figures(run)
 
 
 def machine() -> dict:

@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 
 import kernels  # benchmarks/kernels.py
+import photos  # benchmarks/photos.py
 import recipes  # benchmarks/recipes.py
 
 
@@ -103,15 +104,11 @@ def _gpu_jpeg(result: dict) -> list[str]:
     lines = _gpu_rows("(e) GPU: ResNet-50 at 224 px from JPEG files", result["rows"], None)
     folder = result.get("folder")
     if folder:
-        lines += [
-            "",
-            f"The folder: {folder['train_files']:,} training JPEGs of {folder['image_px']} px shapes, "
-            f"{folder['mean_kb']:.0f} KB on average, read from the page cache.",
-        ]
+        lines += ["", f"The folder: {photos.summary(folder)}."]
     timm = result.get("timm")
     if timm:
         ours = {row["key"]: row.get("images_per_sec") for row in result["rows"]}
-        lines += ["", "**Against timm 1.0.28's `train.py`, same folder, same device call:**", ""]
+        lines += ["", "**Against timm 1.0.28's `train.py`, same folder, same call on the GPU box:**", ""]
         if "error" in timm:
             lines.append(f"timm failed: {timm['error']}")
         else:

@@ -15,6 +15,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.e
     WORKERS = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
     os.environ["OMP_NUM_THREADS"] = str(max(1, available_cpus() // WORKERS))
 
+import gpubox  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from shardhelpers import pack  # noqa: E402
@@ -36,6 +37,12 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("data")
     os.environ["IMGTRAIN_DATA_DIR"] = str(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def gpu_box(tmp_path_factory: pytest.TempPathFactory) -> gpubox.Box:
+    """The GPU box emulated (tests/gpubox.py): its site-packages, then the device wheels installed, once a session."""
+    return gpubox.make_box(tmp_path_factory.mktemp("gpubox"))
 
 
 @pytest.fixture(scope="session")

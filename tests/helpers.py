@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -31,6 +33,14 @@ def compose_cfg(*overrides: str, output_dir: str = "/tmp/imgtrain-test-unused") 
     """The config `python train.py <overrides>` would get."""
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         return compose("config", overrides=[f"output_dir={output_dir}", *overrides])
+
+
+def cuda_roll(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensor.roll as CUDA's: a contiguous (NCHW) result whatever its input's layout, where the CPU's keeps
+    channels_last. torchvision's MixUp builds its output from a roll, so on the CPU this gives the layouts a CUDA
+    run's mixing produces."""
+    roll = torch.Tensor.roll
+    monkeypatch.setattr(torch.Tensor, "roll", lambda self, *args, **kwargs: roll(self, *args, **kwargs).contiguous())
 
 
 def run_train(

@@ -11,8 +11,10 @@ import json
 
 import pytest
 import torch
-from helpers import FAST, compose_cfg
+from helpers import FAST, compose_cfg, cuda_roll
 from hydra.errors import ConfigCompositionException
+from torch._dynamo.utils import counters
+from torchvision.transforms import v2
 
 from imgtrain.config.schema import CompileMode, Precision, validate
 from imgtrain.host.dist import DistInfo
@@ -21,7 +23,7 @@ from imgtrain.resilience.errors import ConfigError
 from imgtrain.train.cli import one_line
 from imgtrain.train.model import evaluation_module, prepare_model
 from imgtrain.train.run import run
-from imgtrain.train.step import build_step
+from imgtrain.train.step import Step, build_step
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)  # CUDA: only its type is read, nothing runs there
 
@@ -111,6 +113,63 @@ def test_validation_runs_a_batch_of_another_size_uncompiled(compiles: list[Compi
     assert [size for size, training in run_model.batches if not training] == [64]
     assert [size for size, training in run_model.batches if training] == [32] * 8
     assert json.loads((tmp_path / "metrics.json").read_text())["val_count"] == 70
+
+
+# 8 steps of 16: train.seed=0 draws unmixed, MixUp, CutMix, MixUp, CutMix, CutMix, MixUp, MixUp (train.mix_prob=0.8);
+# 16 validation images, less than one validation batch (32): validated eagerly, so nothing else compiles
+RECIPE = [
+    "model._target_=test_recipe.tiny_cnn",
+    "dataset=synthetic",
+    "dataset.image_size=32",
+    "dataset.num_train=128",
+    "dataset.num_val=16",
+    "dataset.num_classes=4",
+    "dataset.random_erasing=0.5",
+    "data.batch_size=16",
+    "data.num_workers=0",
+    "train.epochs=1",
+    "train.mixup_alpha=0.2",
+    "train.cutmix_alpha=1.0",
+    "train.mix_prob=0.8",
+    "train.ema_decay=0.9",
+    "system.device=cpu",
+    "system.channels_last=true",
+    "system.compile=true",
+    "checkpoint.save=false",
+    "metrics.compute_probe=false",
+]
+
+
+@pytest.mark.slow  # torch.compile builds a small CNN's forward and backward for real: C++ kernels on the CPU
+def test_a_compiled_recipe_run_never_recompiles_after_its_first_step(tmp_path, monkeypatch) -> None:
+    """Mixup, cutmix, an EMA, channels_last and random erasing, compiled, with the layouts a CUDA run's mixing
+    produces (cuda_roll: MixUp's roll is NCHW there): the graphs compiled at the first step serve every draw. A batch
+    in another layout recompiles the forward and backward ("stride mismatch at index 1"), with reduce-overhead
+    records a second set of CUDA graphs."""
+    cuda_roll(monkeypatch)
+    graphs: list[int] = []  # Dynamo's graphs compiled so far, after each training forward
+    draws: set[str] = set()  # each step's draw: which mix (torchvision's own transform, spied on), or none
+
+    def spied(make_params):  # the transform's own draw, recorded and returned
+        return lambda self, inputs: draws.add(type(self).__name__) or make_params(self, inputs)
+
+    for mix in (v2.MixUp, v2.CutMix):
+        monkeypatch.setattr(mix, "make_params", spied(mix.make_params))
+    real_forward = Step.forward
+
+    def forward(self: Step, model, images, targets, *args, **kwargs):
+        if targets.ndim == 1:  # hard labels: a batch left unmixed
+            draws.add("unmixed")
+        out = real_forward(self, model, images, targets, *args, **kwargs)
+        graphs.append(counters["stats"]["unique_graphs"])
+        return out
+
+    monkeypatch.setattr(Step, "forward", forward)
+    torch._dynamo.reset()  # no graph or recompile budget left over from another test in this process
+    run(compose_cfg(*RECIPE, output_dir=str(tmp_path)))
+    assert draws == {"MixUp", "CutMix", "unmixed"} and len(graphs) == 8
+    assert graphs[-1] == graphs[0] > 0, f"Dynamo graphs after each step: {graphs}"
+    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 8
 
 
 def test_the_probe_times_the_model_compiled_as_the_run_compiles_it(compiles: list[Compiled]) -> None:

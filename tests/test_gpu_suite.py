@@ -19,8 +19,9 @@ import torch
 from helpers import ROOT, compose_cfg
 
 from imgtrain.config.schema import validate
+from imgtrain.metrics.spread import MIN_WINDOWS
 
-GPU_SOURCES = [ROOT / "tests" / "test_gpu.py", ROOT / "tests" / "test_profiling.py"]
+GPU_SOURCES = [ROOT / "tests" / name for name in ("test_gpu.py", "test_gpu_augment.py", "test_profiling.py")]
 BENCHMARKS = sorted((ROOT / "benchmarks").glob("*.py"))
 LOCAL_DIRS = [ROOT / "tests", ROOT / "benchmarks"]  # `from helpers import ...`, `from storage import ...`
 
@@ -117,14 +118,38 @@ def test_the_benchmarks_gpu_sections_pass_overrides_that_compose(
     """Every train.py command of `--only gpu-ceilings,gpu-jpeg` is a config the current schema accepts."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     bench = importlib.import_module("bench")
-    folder = tmp_path / "jpeg"
-    for split in ("train", "val"):
-        (folder / split / "a").mkdir(parents=True)
+    folder = bench.photos.ensure_folder(tmp_path / "photos", (20, 10), scale=0.1)  # the mixed-size folder, tiny
     monkeypatch.setattr(bench, "jpeg_folder", lambda _: folder)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the sections skip themselves without CUDA
     fake = _ComposingBench(tmp_path)
     rows = bench.gpu_ceilings(fake, steps=12, warmup=2)
-    rows += bench.gpu_jpeg(fake, steps=12, warmup=2, timm=None)["rows"]
+    jpeg = bench.gpu_jpeg(fake, steps=12, warmup=2, timm=None)
+    rows += jpeg["rows"]
     assert len(fake.composed) == len(rows) >= 10
     assert "mode=compute" in fake.composed[0]
+    assert jpeg["folder"]["train_files"] == 20 and f"dataset.root={folder}" in fake.composed[-1]
     assert sys.modules["bench"] is bench
+
+
+@pytest.mark.parametrize("scale", ["FULL", "QUICK"])
+def test_the_gpu_check_rows_pass_overrides_that_compose(
+    scale: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every row of `make gpu-check` (benchmarks/gpu_rows.py's check_rows), at the H100's size and the smoke test's,
+    is a config the current schema accepts on a CUDA machine, with the steps its table states."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    gpu_rows = importlib.import_module("gpu_rows")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    (tmp_path / "photos").mkdir()  # validate asks for the folder, which the check generates before these rows
+    rows = gpu_rows.check_rows(getattr(gpu_rows, scale), str(tmp_path / "photos"), workers=15)
+    assert [row.key for row in rows][:2] == ["r18_ceiling", "r18_dataloader"] and len(rows) == 7
+    for row in rows:
+        cfg = compose_cfg(*row.args, output_dir=str(tmp_path / row.key))
+        validate(cfg)
+        assert (cfg.train.max_steps, cfg.metrics.skip_first_steps, cfg.metrics.log_every_n_steps) == row.steps
+        assert (row.steps[0] - row.steps[1]) // row.steps[2] >= MIN_WINDOWS  # enough windows for an interval
+    if scale == "FULL":  # what the issue's rows are
+        args = {row.key: " ".join(row.args) for row in rows}
+        assert "compile_mode=reduce_overhead" in args["r18_ceiling_graphs"] and "bf16" in args["r18_ceiling"]
+        assert "augment_on" not in args["r18_dataloader"]  # the default placement
+        assert "dataset.decode=cuda" in args["r50_jpeg_cuda"] and "system.compile=true" in args["r50_jpeg_cpu"]

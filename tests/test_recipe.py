@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import compose_cfg
+import torchvision
+from helpers import compose_cfg, cuda_roll
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from imgtrain.config.schema import TrainConfig, validate
 from imgtrain.config.val_metrics import VAL_METRICS, batch_sums, field, summary_fields
@@ -24,7 +26,7 @@ from imgtrain.resilience.checkpoint import Checkpointer, Progress
 from imgtrain.resilience.faults import Preempted
 from imgtrain.train.ema import WeightAverage
 from imgtrain.train.losses import FocalLoss
-from imgtrain.train.mixing import Mixing
+from imgtrain.train.mixing import Mixing, step_seed
 from imgtrain.train.run import run
 from imgtrain.train.schedules import warmup_step
 from imgtrain.train.step import Step, build_optimizer, build_step
@@ -149,6 +151,27 @@ def test_mixing_gives_soft_targets_and_is_a_function_of_seed_and_step() -> None:
     assert never(images, labels, 5)[1] is labels  # mix_prob=0: the hard labels
 
 
+@pytest.mark.parametrize("memory_format", [torch.channels_last, None])  # the run's, or the batch's own
+def test_every_mixed_batch_keeps_the_models_memory_format_as_a_cuda_run_mixes_it(memory_format, monkeypatch) -> None:
+    """On CUDA, MixUp's output (a roll) is NCHW whatever its input's layout (cuda_roll emulates it): the model, built
+    channels_last, must get channels_last from every draw (MixUp, CutMix, unmixed), with torchvision's values."""
+    cuda_roll(monkeypatch)
+    mixing = Mixing(TrainConfig(mixup_alpha=0.2, cutmix_alpha=1.0, mix_prob=0.8), 4, memory_format)
+    images = torch.randn(8, 3, 16, 16).contiguous(memory_format=torch.channels_last)
+    labels = torch.arange(8) % 4
+    draws = set()
+    for step in range(8):
+        mixed, targets = mixing(images, labels, step)
+        with torch.random.fork_rng(devices=[]):  # torchvision's own output for this step's draw
+            torch.default_generator.manual_seed(step_seed(0, step))
+            expected, expected_targets = mixing.transform(images, labels)
+        draws.add((targets.ndim, expected.is_contiguous(memory_format=torch.channels_last)))
+        assert mixed.is_contiguous(memory_format=torch.channels_last), (step, draws)
+        assert torch.equal(mixed, expected) and torch.equal(targets, expected_targets)
+    # steps 0-7 of train.seed=0 draw each: unmixed (hard labels), CutMix (a clone: channels_last), MixUp (NCHW)
+    assert draws == {(1, True), (2, True), (2, False)}
+
+
 # ----------------------------------------------------------------------------- EMA and validation's list
 def test_ema_averages_weights_and_batchnorm_statistics_every_n_steps() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
@@ -167,6 +190,62 @@ def test_ema_averages_weights_and_batchnorm_statistics_every_n_steps() -> None:
     assert torch.allclose(ema.module[1].running_mean, torch.full((2,), 2.0))  # buffers too: 0.5 x 0 + 0.5 x 4
     saved = ema.state_dict()
     assert int(saved["ema_updates"]) == 2 and set(saved["ema"]) == set(model.state_dict())
+
+
+class AtenOps(TorchDispatchMode):
+    """The aten ops run inside it, by name: on the CPU, what would be kernel launches on a GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _trained(model: nn.Module, steps: int) -> None:
+    """`steps` training-mode forwards (BatchNorm's statistics and counts move) and a nudge of the weights."""
+    with torch.no_grad():
+        for _ in range(steps):
+            model(torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(steps)))
+        for param in model.parameters():
+            param.add_(0.01)
+
+
+def _same(module: nn.Module, other: nn.Module) -> None:
+    theirs = other.state_dict()
+    for name, value in module.state_dict().items():
+        assert torch.equal(value, theirs[name]), name
+
+
+def test_an_ema_update_is_a_few_foreach_calls_and_copies_the_batchnorm_counts() -> None:
+    """ResNet-18: 102 floating tensors and 20 num_batches_tracked (int64), two (device, dtype) groups. Each update is
+    a few ops per group, not one per tensor (the first was 124, then 83, 80 of them averaging the counts), and a
+    count is copied, not averaged (0.9 x 1 + 0.1 x 4 truncated to 1). A resumed EMA updates as the first one."""
+    model = torchvision.models.resnet18(num_classes=4)
+    ema = WeightAverage(model, decay=0.9, every=1)
+    _trained(model, 1)  # the model moves away from the EMA's copy of it
+    with AtenOps() as first:
+        ema.after_step(1)  # the first update copies
+    _same(ema.module, model)
+    _trained(model, 3)
+    before = ema.module.conv1.weight.clone()
+    with AtenOps() as second:
+        ema.after_step(2)
+    assert len(ema.groups) == 2 and len(first.names) <= 3 * 2 and len(second.names) <= 3 * 2, second.names
+    assert ema.module.bn1.num_batches_tracked.item() == model.bn1.num_batches_tracked.item() == 4
+    assert torch.allclose(ema.module.conv1.weight, 0.9 * before + 0.1 * model.conv1.weight)
+    assert ema.averaged.n_averaged.device.type == "cpu"  # read each update (first or not): no device sync
+    fresh = torchvision.models.resnet18(num_classes=4)
+    resumed = WeightAverage(fresh, decay=0.9, every=1)  # built before the checkpoint loads, as a run does
+    fresh.load_state_dict(model.state_dict())
+    resumed.load_state_dict(ema.state_dict())
+    for average in (ema, resumed):
+        _trained(average.base, 2)
+        average.after_step(3)
+    _same(ema.module, resumed.module)
+    assert int(resumed.averaged.n_averaged) == 3 and resumed.module.bn1.num_batches_tracked.item() == 6
 
 
 def test_best_follows_the_model_or_the_ema() -> None:

@@ -50,7 +50,7 @@ def test_no_import_cycle_between_imgtrain_modules() -> None:
             visit(name, [name])
 
 
-MAX_FUNCTION_LINES = 60  # DEVELOPERS.md: functions under about 60 lines
+MAX_FUNCTION_LINES = 60  # the project's rule: functions under about 60 lines
 
 
 def test_no_function_in_src_is_over_60_lines() -> None:
@@ -64,7 +64,7 @@ def test_no_function_in_src_is_over_60_lines() -> None:
     assert not long, long
 
 
-MAX_FILE_LINES = 350  # DEVELOPERS.md: files under about 350 lines
+MAX_FILE_LINES = 350  # the project's rule: files under about 350 lines
 
 # The files a fork is meant to grow (its models, its loss and schedule, its datasets and their config keys): the
 # size rule keeps the engine readable, and must not fail a fork's first change to its own recipe.

@@ -5,6 +5,15 @@ compute-bound with it (metrics.compute_probe). It must time the model as the run
 compiled in the run's system.compile_mode (a compiled ResNet-18 at 32 px on an H100 ran 5,542 images/s in the
 bare loop against 3,950 eager), stepped by the run's own `Step` (CUDA-graph step marks included), and never a
 sync per step, which would leave the GPU idle between steps and read a launch-bound model as slower than it is.
+
+What the probe compiles is its own and goes with it. Dynamo keeps compiled code on the code object of the frame it
+compiled and guards a module by its type, not its identity (parameters are graph inputs), so a copy compiled
+through the model's own `forward` would leave an entry that the run's model, compiled after it with the same
+shapes, runs as its own: under torchrun a graph compiled outside DDP, without DDP's bucket split
+(`train.model.compiled`), and with CUDA graphs the graphs recorded at the copy's parameter addresses, which the
+run's model records again beside them. So the copy is compiled through `OwnForward`, a frame only probes run, and
+`release` drops that frame's entries alone (`torch._dynamo.reset()` would drop the run's graphs too). The run's
+model then traces its own graph, and inductor finds its kernels in its cache (the forward and backward on the CPU).
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._dynamo.eval_frame import remove_from_cache
 
 from imgtrain.config.schema import Config, Precision
 from imgtrain.metrics.spread import Rate
@@ -53,11 +63,24 @@ class StepClock:
         return [end - start for start, end in itertools.pairwise(self.marks)]
 
 
+class OwnForward(nn.Module):
+    """The probe's copy behind a `forward` of its own: Dynamo compiles this frame (the copy's `forward` inlined
+    into it, the same graph) and keeps the result on this code object, which only probes run, never on the
+    model's `forward`, where the run's model would find it."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images)
+
+
 class ModelProbe:
     """Times training steps of a copy of `base`, compiled as the run compiles it, on one random batch of the run's
-    shape. Built (and compiled, untimed) on first use or by `ready`; `release` frees the copy, its optimizer
-    state and its CUDA-graph memory. Calling it gives the median step's images/s with its 95% interval
-    (metrics/spread.py) when at least `min_steps` steps ran."""
+    shape. Built (and compiled, untimed) on first use or by `ready`; `release` frees what it built (below).
+    Calling it gives the median step's images/s with its 95% interval (metrics/spread.py) when at least
+    `min_steps` steps ran."""
 
     def __init__(
         self,
@@ -78,7 +101,8 @@ class ModelProbe:
         if self.parts is not None:
             return
         copied = copy.deepcopy(self.base).train()  # the run's weights and BatchNorm statistics stay untouched
-        model = compiled(copied, self.settings.system)  # the callable the run trains, without DDP's collectives
+        # compiled as the run's model, without DDP's collectives, in a frame of its own (OwnForward)
+        model = compiled(OwnForward(copied), self.settings.system)
         step = build_step(
             self.settings, copied, self.device, self.precision, (1, 1), num_classes=self.num_classes, announce=False
         )
@@ -116,5 +140,16 @@ class ModelProbe:
         return Rate.of([size / max(step_s, 1e-9) for step_s in clock.seconds()])
 
     def release(self) -> None:
-        """Free the probe's model, optimizer state and graphs; a later call builds it again."""
+        """Free what the probe built; a later call builds it again. Its copy of the model (with its gradients),
+        its optimizer and EMA state and its batch go, and so does its compiled code: Dynamo's entries on
+        `OwnForward.forward` (guards, the compiled forward and backward), which hold its CUDA-graph functions.
+
+        Not freed: entries on the model's own frames, where a graph break made Dynamo compile them apart (shared
+        with the run's model, which runs them too); inductor's loaded kernel modules and Dynamo's counters
+        (process-wide, no tensors). With CUDA graphs, the graphs recorded for the probe go with the device's graph
+        tree once no compiled function is left (data.num_workers=tune releases the probe before the run's model
+        first runs); after training they stay in the tree until the run's `torch._dynamo.reset()` that follows
+        (train/run.py): torch frees no single function's graphs."""
         self.parts = None
+        if self.settings.system.compile:
+            remove_from_cache(OwnForward.forward)  # this frame's entries only: every probe's, no one else's

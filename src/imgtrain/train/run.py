@@ -192,12 +192,11 @@ def _train_locked(
     model_rate = ModelProbe(base, data.bundle.num_classes, settings, device, precision, memory_format)
     if settings.data.num_workers == TUNE:
         _tune_workers(settings, data, info, device, model_rate, out_dir)
-        model_rate.release()  # its copy, optimizer state and CUDA graphs: training needs the memory
+        model_rate.release()  # its copy, optimizer state and compiled code: the model compiles its own graph
     environment = preflight(settings, info, device, data)  # warns of limits the loaders will likely hit
-    classes, world = data.bundle.num_classes, info.world_size
-    step = build_step(
-        settings, base, device, precision, (steps_per_epoch, total_steps), num_classes=classes, world_size=world
-    )
+    # memory_format: mixed batches go back to the model's (on CUDA MixUp's output is NCHW, train/mixing.py)
+    keys = {"num_classes": data.bundle.num_classes, "world_size": info.world_size, "memory_format": memory_format}
+    step = build_step(settings, base, device, precision, (steps_per_epoch, total_steps), **keys)
     log.info(
         "device %s, precision %s, world size %d, %d epoch(s) x %d steps (%d steps in all)",
         *(device, precision, info.world_size, epochs, steps_per_epoch, total_steps),

@@ -194,10 +194,12 @@ def build_step(
     num_classes: int | None = None,
     world_size: int = 1,
     announce: bool = True,
+    memory_format: torch.memory_format | None = None,
 ) -> Step:
     """Optimiser, LR schedule, loss, mixing, EMA and scaler for `base`'s parameters; `steps` is (steps per epoch,
     total steps). `num_classes`: for mixup/cutmix's labels; `world_size`: for the global batch of
-    optim.scale_lr_with_batch; `announce`: log the scaled lr (the run's step does, the probe's copy does not)."""
+    optim.scale_lr_with_batch; `announce`: log the scaled lr (the run's step does, the probe's copy does not);
+    `memory_format`: the model's, which mixed batches keep (None: the layout each batch arrives in)."""
     global_batch = settings.data.batch_size * world_size
     optimizer = build_optimizer(settings.optim, base, global_batch, announce)
     steps_per_epoch, total_steps = steps
@@ -213,7 +215,7 @@ def build_step(
         device_type=device.type,
         dtype=DTYPES[precision],
         loss=instantiate(settings.loss),  # validation's loss stays plain cross-entropy (config/val_metrics.py)
-        mix=Mixing(train, num_classes),
+        mix=Mixing(train, num_classes, memory_format),
         ema=ema,
         cuda_graphs=system.compile and system.compile_mode.records_cuda_graphs and device.type == "cuda",
         steps_per_epoch=steps_per_epoch,

@@ -1,0 +1,340 @@
+"""`make gpu-check`: the GPU tests and every headline GPU figure in one call of at most 8 minutes on one H100,
+each result written the moment it exists, so a call cut short still returns what finished (docs/gpu.md).
+
+Sections, in order, each with its own time limit; before each part the global deadline (--deadline-s, from this
+process's start) is checked, and a part it cuts is reported as not measured, with why:
+  env    versions, the GPU, the packages that load, a bf16 matmul and an nvJPEG decode (benchmarks/gpu_env.py);
+         always runs, about 5 s;
+  data   the shapes JPEGs of r18_dataloader and the mixed-size JPEG folder (benchmarks/photos.py), generated on
+         every core in a background process while the tests run;
+  tests  the GPU tests (`pytest -m gpu`): GPU_TESTS, a stated selection covering every CUDA path, or all of
+         them with --tests all; stopped with SIGINT at the limit, so pytest still writes its JUnit XML;
+  rows   benchmarks/gpu_rows.py's check_rows: ResNet-18 at 32 px (ceiling, DataLoader, device-resident), ResNet-50
+         at 224 px (compiled ceiling, mixed JPEGs with CPU decode and with decode=cuda), the ResNet-18 ceiling with
+         CUDA graphs; each with its own limit (a row cut by it is not measured: a stopped run writes no summary).
+Files in --out (at most 8, what a remote call to the GPU box returns): gpu-check.json and gpu-check.md (the table,
+rewritten after every part), gpu-check.log, pytest.log, pytest.xml, data.log, runs.tar.gz (each row's log and metrics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import gpu_env  # benchmarks/gpu_env.py
+import gpu_rows  # benchmarks/gpu_rows.py
+import gpu_table  # benchmarks/gpu_table.py
+import gpu_tests  # benchmarks/gpu_tests.py
+import photos  # benchmarks/photos.py
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+from imgtrain.host.cpus import available_cpus  # noqa: E402  (imports no torch)
+
+ENV_LIMIT_S, TESTS_LIMIT_S, DATA_GRACE_S = 60, 150, 20
+MIN_START_S = 15  # a part is started only with this much left before the deadline: less measures nothing
+
+
+class Check:
+    """The check's state: where it writes, its deadline, and the report it rewrites after every part."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args, self.started = args, time.monotonic()
+        self.out, self.workdir = args.out.resolve(), args.workdir.resolve()
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "runs").mkdir(parents=True, exist_ok=True)
+        self.scale = gpu_rows.QUICK if args.quick else gpu_rows.FULL
+        self.env = {**os.environ, "IMGTRAIN_DATA_DIR": str(self.workdir / "data"), "PYTHONUNBUFFERED": "1"}
+        self.report: dict = {
+            "kind": "imgtrain gpu-check",
+            "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
+            "commit": args.commit or gpu_env.commit(),
+            "command": " ".join(["python", "benchmarks/gpu_check.py", *sys.argv[1:]]),
+            "quick": args.quick,
+            "deadline_s": args.deadline_s,
+            "sections": {},
+            "rows": [],
+        }
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def left(self) -> float:
+        return self.args.deadline_s - self.elapsed()
+
+    def log(self, line: str) -> None:
+        text = f"[{self.elapsed():6.1f} s] {line}"
+        print(text, flush=True)
+        with open(self.out / "gpu-check.log", "a") as f:
+            f.write(text + "\n")
+
+    def save(self) -> None:
+        """The JSON and the table, each replaced whole (a cut call never leaves half a file)."""
+        self.report["elapsed_s"] = round(self.elapsed(), 1)
+        for name, text in (("gpu-check.json", json.dumps(self.report, indent=2) + "\n"),
+                           ("gpu-check.md", gpu_table.render(self.report))):  # fmt: skip
+            tmp = self.out / f".{name}.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, self.out / name)
+
+    def run(self, argv: list[str], limit: float, log: Path, stop: int = signal.SIGTERM) -> tuple[int | None, str]:
+        """`argv` in a session of its own, output to `log`; at `limit` seconds its group gets `stop` (pytest still
+        writes its JUnit XML on SIGINT; train.py stops its workers on SIGTERM), then SIGKILL after DATA_GRACE_S.
+        (exit status, "" or how it was cut)."""
+        by = "the deadline" if limit >= self.left() else "its limit"
+        with open(log, "ab") as output:
+            process = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=output, stderr=subprocess.STDOUT,
+                                       start_new_session=True)  # fmt: skip
+            try:
+                return process.wait(timeout=max(1.0, limit)), ""
+            except subprocess.TimeoutExpired:
+                stop_group(process, stop)
+                return process.returncode, f"cut at {limit:.0f} s by {by}"
+
+
+def stop_group(process: subprocess.Popen, first: int) -> None:
+    """`first` to the process's group, SIGKILL after DATA_GRACE_S if it has not ended."""
+    for sig, wait in ((first, DATA_GRACE_S), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def section_env(check: Check) -> dict:
+    """Always runs (a few seconds): the versions and checks every later part reads."""
+    started, log = time.monotonic(), check.workdir / "env.log"
+    log.write_text("")
+    status, cut = check.run([*gpu_rows.python(), str(ROOT / "benchmarks" / "gpu_env.py")], ENV_LIMIT_S, log)
+    lines = log.read_text().strip().splitlines()
+    result: dict = {"seconds": round(time.monotonic() - started, 1), "limit_s": ENV_LIMIT_S}
+    try:
+        result |= {"status": "ran", **json.loads(lines[-1])}
+    except (IndexError, json.JSONDecodeError):
+        result["status"] = f"failed: {cut or (lines[-1] if lines else f'exit {status}')}"
+    check.log(
+        f"env: {result['status']}: " + "; ".join(f"{c['check']}: {c['detail']}" for c in result.get("checks", []))
+    )
+    return result
+
+
+def make_data(workdir: Path, quick: bool) -> dict:
+    """The datasets the rows read (`--make-data`, the background process): the shapes tree r18_dataloader's
+    train.py finds as its own, then the mixed-size JPEG folder."""
+    from imgtrain.data.shapes import ensure_shapes
+
+    scale, started = gpu_rows.QUICK if quick else gpu_rows.FULL, time.monotonic()
+    train, val = gpu_rows.shapes_counts(scale)
+    shapes = ensure_shapes(str(workdir / "data" / "shapes"), 32, train, val, 0, processes=available_cpus())
+    print(f"shapes: {train} + {val} JPEGs of 32 px in {time.monotonic() - started:.1f} s: {shapes}", flush=True)
+    counts, side = photos.spec(quick)
+    folder = photos.ensure_folder(workdir / "data" / "photos", counts, scale=side, processes=available_cpus())
+    described = photos.describe(folder)
+    print(f"photos in {time.monotonic() - started:.1f} s: {photos.summary(described)}", flush=True)
+    result = {"shapes": shapes, "photos": described, "seconds": round(time.monotonic() - started, 1)}
+    (workdir / "data.json").write_text(json.dumps(result))
+    return result
+
+
+def start_data(check: Check, cuda: bool | None) -> subprocess.Popen | None:
+    """The generator, in the background; not where no row would read its files."""
+    (check.workdir / "data.json").unlink(missing_ok=True)
+    why = "no CUDA device on this machine" if cuda is False and not check.args.quick else None
+    why = why or (f"the deadline ({check.args.deadline_s:.0f} s)" if check.left() < MIN_START_S else None)
+    if why:
+        check.report["sections"]["data"] = {"status": f"not started: {why}"}
+        return None
+    argv = [*gpu_rows.python(), __file__, "--make-data", f"--workdir={check.workdir}"]
+    argv += ["--quick"] if check.args.quick else []
+    output = open(check.out / "data.log", "ab")  # noqa: SIM115 - open while the process runs
+    process = subprocess.Popen(argv, cwd=ROOT, env=check.env, stdout=output, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
+    check.report["sections"]["data"] = {"status": "started in the background"}
+    return process
+
+
+def data_ready(check: Check, process: subprocess.Popen | None) -> dict:
+    """The datasets, waiting for the background process until the deadline; {"error": why} if they are not there."""
+    section = check.report["sections"]["data"]
+    if "result" in section or "error" in section:
+        return section
+    if process is None:
+        section["error"] = section["status"]
+        return section
+    started = time.monotonic()
+    try:
+        process.wait(timeout=max(1.0, check.left()))
+    except subprocess.TimeoutExpired:
+        stop_group(process, signal.SIGTERM)
+        section["error"] = "not generated before the deadline"
+        return section
+    done = check.workdir / "data.json"
+    if process.returncode == 0 and done.exists():
+        section |= {"status": "ready", "result": json.loads(done.read_text())}
+    else:
+        lines = (check.out / "data.log").read_text().strip().splitlines()
+        section["error"] = f"the generator failed: {lines[-1] if lines else process.returncode}"
+    section["waited_s"] = round(time.monotonic() - started, 1)  # the rows' wait for it, after the tests
+    check.log(f"data: {section.get('error') or section['status']} (waited {section['waited_s']} s)")
+    return section
+
+
+def section_tests(check: Check, packages: dict) -> dict:
+    """The GPU tests, cut by SIGINT at their limit: pytest then still writes pytest.xml with what finished."""
+    wanted = gpu_tests.selected(check.args.tests)
+    result: dict = {"selection": "all (-m gpu)" if check.args.tests == "all" else "stated", "limit_s": 0}
+    pytest_found = packages.get("pytest", {"loads": True})  # unknown when the env check failed: try
+    why = "--tests none" if check.args.tests == "none" else None
+    why = why or (None if pytest_found["loads"] else f"pytest does not load here ({pytest_found['why']})")
+    why = why or (f"the deadline ({check.args.deadline_s:.0f} s)" if check.left() < MIN_START_S else None)
+    if why:
+        return result | {"status": f"not run: {why}", "not_reached": wanted}
+    limit, started = min(check.args.tests_limit_s, check.left()), time.monotonic()
+    wanted, result["not_found"] = existing(check, wanted)
+    xml, log = check.out / "pytest.xml", check.out / "pytest.log"
+    xml.unlink(missing_ok=True)
+    argv = [*gpu_rows.python(), "-m", "pytest", "-m", "gpu", "-v", "-rs", "-p", "no:cacheprovider"]
+    argv += [f"--junitxml={xml}", *wanted]
+    left = limit - (time.monotonic() - started)
+    check.log(f"tests: {len(wanted) or 'every'} GPU test(s), {left:.0f} s left of {limit:.0f}: {' '.join(argv[1:])}")
+    status, cut = check.run(argv, left, log, stop=signal.SIGINT)
+    result |= {"limit_s": round(limit), "seconds": round(time.monotonic() - started, 1), "exit": status}
+    result |= gpu_tests.summary(xml, log, wanted)
+    result["status"] = cut or ("ran" if status in (0, 1, 5) else f"pytest ended with exit status {status}")
+    failed = ", ".join(result["failed"]) or "none failed"
+    check.log(f"tests: {result['status']}: {result['passed']} passed, {failed}, {result['skipped']} skipped")
+    return result
+
+
+def existing(check: Check, wanted: list[str]) -> tuple[list[str], list[str]]:
+    """The selected tests pytest collects here, and those it does not (renamed since the selection was written):
+    a single node id pytest cannot find would make it run none."""
+    log = check.workdir / "collect.log"
+    log.write_text("")
+    files = sorted({node.split("::")[0] for node in wanted})
+    argv = [*gpu_rows.python(), "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", *files]
+    status, _ = check.run(argv, 60, log) if wanted else (None, "")
+    found = set(gpu_tests.COLLECTED.findall(log.read_text(errors="replace")))
+    if status != 0 or not found:  # nothing to check against: the run itself says what is wrong
+        return wanted, []
+    return [node for node in wanted if node in found], [node for node in wanted if node not in found]
+
+
+def measure(check: Check, row: gpu_rows.Row, cuda: bool | None, data: dict | None) -> dict:
+    """One row: its train.py run's figures, or "not measured: <why>"."""
+    entry = {"key": row.key, "what": row.what, "note": row.note, "limit_s": row.limit_s}
+    entry |= dict(zip(("max_steps", "skip_first_steps", "log_every_n_steps"), row.steps, strict=True))
+    args = [*row.args, "checkpoint.save=false", "metrics.progress_bar=false"]
+    entry["command"] = "python train.py " + " ".join(args)
+    if cuda is False and not check.args.quick:
+        return entry | {"not_measured": gpu_rows.NOT_MEASURED}
+    if check.left() < MIN_START_S:
+        return entry | {"not_measured": f"not measured: the deadline ({check.args.deadline_s:.0f} s) came first"}
+    if row.needs and "error" in (data or {}):
+        return entry | {"not_measured": f"not measured: the {row.needs} dataset: {data['error']}"}
+    run_dir = check.workdir / "runs" / row.key
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier call's metrics.json is not this run's
+    run_dir.mkdir(parents=True)
+    log = run_dir / "output.log"
+    limit = min(row.limit_s, check.left())
+    check.log(f"row {row.key}: limit {limit:.0f} s: {entry['command']}")
+    started = time.monotonic()
+    status, cut = check.run([*gpu_rows.python(), "train.py", *args, f"hydra.run.dir={run_dir}"], limit, log)
+    entry["wall_s"] = round(time.monotonic() - started, 1)
+    metrics = run_dir / "metrics.json"
+    if metrics.exists() and status == 0:
+        return entry | gpu_rows.figures(json.loads(metrics.read_text()))
+    lines = log.read_text(errors="replace").strip().splitlines()
+    why = cut or (lines[-1] if lines else f"exit status {status}")
+    return entry | {"not_measured": f"not measured: {why[:300]}"}
+
+
+def section_rows(check: Check, cuda: bool | None, data_process: subprocess.Popen | None) -> None:
+    workers = 1 if check.args.quick else min(15, max(1, available_cpus() - 1))  # bench.py's: 15 of 16 cores
+    counts, side = photos.spec(check.args.quick)
+    folder = photos.folder_for(check.workdir / "data" / "photos", counts, scale=side)
+    rows = gpu_rows.check_rows(check.scale, str(folder), workers)
+    if check.args.only:
+        rows = [row for row in rows if row.key in check.args.only.split(",")]
+    check.report["pending"] = [row.key for row in rows]
+    # Every row waits for the generator to end, whether it reads its files or not: 16 processes drawing images
+    # beside a measured run would slow it
+    data = data_ready(check, data_process) if check.left() >= MIN_START_S else None
+    for row in rows:
+        entry = measure(check, row, cuda, data if row.needs else None)
+        entry |= gpu_table.judge(row.target, entry, check.report["rows"])
+        check.report["rows"].append(entry)
+        check.report["pending"].remove(row.key)
+        check.log(f"row {row.key}: {gpu_table.brief(entry)}")
+        check.save()
+        archive_runs(check)
+
+
+def archive_runs(check: Check) -> None:
+    """runs.tar.gz: each row's output.log, metrics.json and loader_args.json (not its TensorBoard events)."""
+    tmp = check.out / ".runs.tar.gz.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        for path in sorted((check.workdir / "runs").glob("*/*")):
+            if path.is_file() and path.name in ("output.log", "metrics.json", "loader_args.json", "failed.json"):
+                tar.add(path, arcname=str(path.relative_to(check.workdir)))
+    os.replace(tmp, check.out / "runs.tar.gz")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "gpu-check", help="where the results go")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/imgtrain-gpu-check"), help="datasets and runs")
+    parser.add_argument("--deadline-s", type=float, default=480, help="no part starts later (default 480 s)")
+    parser.add_argument("--tests", choices=("stated", "all", "none"), default="stated", help="which GPU tests")
+    parser.add_argument("--tests-limit-s", type=float, default=TESTS_LIMIT_S, help="the tests' own limit")
+    parser.add_argument("--only", help="comma-separated row keys to run (default: every row)")
+    parser.add_argument("--commit", help="the commit the tree is (the GPU box has no .git)")
+    parser.add_argument("--quick", action="store_true", help="rows scaled down: a smoke test, not figures")
+    parser.add_argument("--make-data", action="store_true", help=argparse.SUPPRESS)  # the background process
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.make_data:
+        make_data(args.workdir.resolve(), args.quick)
+        return 0
+    check = Check(args)
+    for name in ("gpu-check.log", "data.log", "pytest.log"):  # this call's, not an earlier one's
+        (check.out / name).write_text("")
+    check.log(f"gpu-check: deadline {args.deadline_s:.0f} s, results in {check.out}, work in {check.workdir}")
+    check.save()
+    check.report["sections"]["env"] = env = section_env(check)
+    check.report["machine"] = env.get("machine", {})
+    check.save()
+    cuda = env["machine"].get("cuda_available") if "machine" in env else None  # None: unknown, the rows try
+    data_process = start_data(check, cuda)
+    check.report["sections"]["tests"] = tests = section_tests(check, env.get("packages", {}))
+    check.save()
+    try:
+        section_rows(check, cuda, data_process)
+    finally:
+        if data_process is not None and data_process.poll() is None:
+            stop_group(data_process, signal.SIGTERM)
+    check.report["finished"] = True
+    check.save()
+    check.log(f"done in {check.elapsed():.0f} s: {check.out / 'gpu-check.md'}")
+    return 1 if tests.get("failed") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
