@@ -155,6 +155,20 @@ def test_another_users_link_is_refused_in_one_line_and_ones_own_are_followed(cas
     assert "hydra.run.dir" in message and "\n" not in message
 
 
+def test_a_link_of_ones_own_that_leads_to_another_users_link_is_refused(tmp_path: Path) -> None:
+    """tb/ this user's link to a shared folder's name, where another user planted a link to a victim folder."""
+    run_dir, victim, theirs = tmp_path / "run", tmp_path / "victim", tmp_path / "shared-tb"
+    run_dir.mkdir()
+    victim.mkdir()
+    (run_dir / "tb").symlink_to(theirs)  # this user's own link, followed
+    _foreign_link(theirs, victim)
+    with pytest.raises(ConfigError) as caught:
+        refuse_foreign_links(run_dir, *NAMES)
+    message = str(caught.value)
+    assert message.startswith(f"{theirs} (behind {run_dir / 'tb'}, a link of yours) is a symbolic link owned by uid")
+    assert "\n" not in message
+
+
 @pytest.mark.parametrize("name", ["checkpoints", "tb", "profile", "."])
 def test_a_run_never_writes_through_another_users_link(name: str, tmp_path: Path, data_dir: Path) -> None:
     """checkpoints/, tb/ and profile/ (or the run directory itself) a link another user planted: refused before

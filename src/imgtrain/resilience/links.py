@@ -39,22 +39,39 @@ def _steps(directory: Path, names: tuple[str | PurePath, ...]) -> list[Path]:
     return paths
 
 
+MAX_LINKS = 40  # links followed in a row before giving up: the kernel's own limit (ELOOP)
+
+
+def own_target(path: Path, key: str = "hydra.run.dir") -> Path:
+    """Where a write to `path` lands: `path` itself, or what this user's own links there lead to (followed, so a
+    link of one's own keeps working). ConfigError (one line, naming the link and its owner) for a link another user
+    made, at `path` or behind a link of this user's. `key`: the setting the line suggests changing."""
+    current = path
+    for _ in range(MAX_LINKS):
+        try:
+            info = os.lstat(current)  # the link itself, reached through any link of this user's own above it
+        except OSError:  # not there (yet), or not reachable: whatever writes it next says why if it matters
+            return current
+        if not stat.S_ISLNK(info.st_mode):
+            return current
+        if info.st_uid != os.geteuid():
+            behind = f" (behind {path}, a link of yours)" if current != path else ""
+            raise ConfigError(
+                f"{current}{behind} is a symbolic link owned by {_owner(info.st_uid)}, not by {_owner(os.geteuid())} "
+                "who runs this: the run will not write through a link another user may have planted at a name it "
+                f"writes (it could point at any file of yours). Remove it if it is not yours to use, or pass another "
+                f"{key}"
+            )
+        current = current.parent / os.readlink(current)  # a relative link is relative to its own folder
+    raise ConfigError(f"refusing to write {path}: more than {MAX_LINKS} symbolic links in a row")
+
+
 def refuse_foreign_links(directory: Path, *names: str | PurePath, key: str = "hydra.run.dir") -> None:
     """ConfigError (one line, naming the link and its owner) if `directory`, or any path on the way to one of
-    `names` inside it, is a symbolic link owned by a user other than the one running this process.
+    `names` inside it, is a symbolic link owned by a user other than the one running this process, or leads
+    through links of this user's own to one (`own_target`).
 
-    Names that do not exist yet pass (they are created later, by this user). A link of this user's own is
-    followed, and what is behind it checked in turn. `key` is the setting the line suggests changing
-    (`hydra.sweep.dir` for a sweep directory)."""
-    me = os.geteuid()
+    Names that do not exist yet pass (they are created later, by this user). `key` is the setting the line suggests
+    changing (`hydra.sweep.dir` for a sweep directory)."""
     for path in _steps(directory, names):
-        try:
-            info = os.lstat(path)  # the link itself, reached through any link of this user's own above it
-        except OSError:  # not there (yet), or not reachable: whatever writes it next says why if it matters
-            continue
-        if stat.S_ISLNK(info.st_mode) and info.st_uid != me:
-            raise ConfigError(
-                f"{path} is a symbolic link owned by {_owner(info.st_uid)}, not by {_owner(me)} who runs this: "
-                f"the run will not write through a link another user may have planted at a name it writes (it could "
-                f"point at any file of yours). Remove it if it is not yours to use, or pass another {key}"
-            )
+        own_target(path, key)

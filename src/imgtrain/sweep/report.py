@@ -19,7 +19,7 @@ from imgtrain.host.dist import global_rank
 from imgtrain.metrics.spread import Rate, indistinguishable
 from imgtrain.resilience.errors import EXIT_BAD_INPUT, RunEnded, RunError
 from imgtrain.resilience.links import refuse_foreign_links
-from imgtrain.sweep.files import own_target, write_file
+from imgtrain.sweep.files import write_file
 from imgtrain.sweep.jobs import (
     DAMAGED,
     METRIC_COLUMNS,
@@ -114,9 +114,8 @@ SUMMARY_FILES = ("sweep_summary.csv", "sweep_summary.md", "sweep_summary.png")
 def write_reports(sweep_dir: Path, rows: list[dict[str, Any]], swept: list[str], best: dict | None) -> None:
     """sweep_summary.csv, sweep_summary.md and sweep_summary.png in the sweep directory, each written whole; none
     of them when a link another user planted holds one of their names (RunError, one line)."""
+    # links at those names, and behind this user's own there, checked before any is written: all three or none
     refuse_foreign_links(sweep_dir, *SUMMARY_FILES, key="hydra.sweep.dir")
-    for name in SUMMARY_FILES:  # and behind this user's own links at those names: all three or none
-        own_target(sweep_dir / name)
     header, cells = table(rows, swept)
     text = io.StringIO(newline="")
     csv.writer(text).writerows([header, *cells])
