@@ -14,9 +14,9 @@ import pytest
 import torch
 from helpers import compose_cfg
 
+from imgtrain.common.errors import RunError
 from imgtrain.data.shards import command
 from imgtrain.resilience.checkpoint import Checkpointer
-from imgtrain.resilience.errors import RunError
 from imgtrain.resilience.faults import Preempted
 from imgtrain.train.run import run
 

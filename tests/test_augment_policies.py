@@ -17,6 +17,7 @@ from hydra.errors import HydraException
 from hydra.utils import instantiate
 from torchvision.transforms import v2
 
+from imgtrain.common.errors import ConfigError
 from imgtrain.config.fields import AugmentOn
 from imgtrain.config.schema import DataConfig, validate
 from imgtrain.data import batched, policies, stages
@@ -32,7 +33,6 @@ from imgtrain.data.feed import Feed
 from imgtrain.data.loader import build_loader, plan_loader
 from imgtrain.data.samples import GuardedSamples, RawBatch, collate
 from imgtrain.metrics import report
-from imgtrain.resilience.errors import ConfigError
 from imgtrain.train.cli import one_line
 from imgtrain.train.run import run
 

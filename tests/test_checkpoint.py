@@ -18,12 +18,12 @@ import pytest
 import torch
 from helpers import FAST, compose_cfg
 
+from imgtrain.common.errors import RunError
 from imgtrain.config.schema import NonFinite, validate
 from imgtrain.host.dist import DistInfo
 from imgtrain.resilience import checkpoint
 from imgtrain.resilience.agreement import WindowReport, merge
 from imgtrain.resilience.checkpoint import Checkpointer, CheckpointError, CheckpointStore
-from imgtrain.resilience.errors import RunError
 from imgtrain.resilience.faults import Faults
 from imgtrain.train.step import build_step
 

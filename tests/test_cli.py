@@ -13,7 +13,7 @@ from helpers import compose_cfg, run_train
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from imgtrain.resilience.errors import is_bad_input
+from imgtrain.common.errors import is_bad_input
 from imgtrain.train.cli import one_line
 from imgtrain.train.run import run
 

@@ -16,12 +16,12 @@ from hydra.errors import ConfigCompositionException
 from torch._dynamo.utils import counters
 from torchvision.transforms import v2
 
+from imgtrain.common.errors import ConfigError
 from imgtrain.config.schema import CompileMode, Precision, validate
 from imgtrain.host.dist import DistInfo
-from imgtrain.metrics.probe import ModelProbe, StepClock
-from imgtrain.resilience.errors import ConfigError
 from imgtrain.train.cli import one_line
 from imgtrain.train.model import evaluation_module, prepare_model
+from imgtrain.train.probe import ModelProbe, StepClock
 from imgtrain.train.run import run
 from imgtrain.train.step import Step, build_step
 

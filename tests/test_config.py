@@ -9,6 +9,7 @@ from helpers import CONF_DIR, compose_cfg
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from imgtrain.common.errors import ConfigError
 from imgtrain.config import schema as config
 from imgtrain.config.datasets import (
     CifarConfig,
@@ -40,7 +41,6 @@ from imgtrain.config.schema import (
 )
 from imgtrain.data.batched import spec_of
 from imgtrain.data.datasets import imagenet_transforms
-from imgtrain.resilience.errors import ConfigError
 from imgtrain.train.cli import one_line
 
 # The groups a user picks from. debug_dataset is picked by config.yaml from debug and dataset (tested below).

@@ -26,6 +26,7 @@ from torchvision.datasets import cifar as cifar_module
 from torchvision.transforms import v2
 
 import imgtrain
+from imgtrain.common.errors import ConfigError
 from imgtrain.config.schema import validate
 from imgtrain.data import shapes
 from imgtrain.data.cifar import build_cifar
@@ -40,7 +41,6 @@ from imgtrain.data.datasets import (
 )
 from imgtrain.data.folders import split_indices
 from imgtrain.data.jpeg import jpeg_problem
-from imgtrain.resilience.errors import ConfigError
 
 MEAN, STD = [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]
 SRC_DIR = str(Path(imgtrain.__file__).resolve().parents[1])

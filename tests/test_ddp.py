@@ -14,8 +14,8 @@ import torch
 from helpers import FAST, _wait_for, run_torchrun, run_train, start_torchrun
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from imgtrain.common.errors import ConfigError
 from imgtrain.host import dist
-from imgtrain.resilience.errors import ConfigError
 
 # 256 training images over 2 ranks of 32 = 4 steps per epoch; 65 validation images (odd: DistributedSampler
 # would pad one duplicate).

@@ -9,13 +9,13 @@ import pytest
 import torch
 from helpers import compose_cfg
 
+from imgtrain.common.errors import RunError
 from imgtrain.data.batched import pad_crop_flip
 from imgtrain.data.feed import ResidentLoader
 from imgtrain.data.jpeg import EncodedBatch
 from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.samples import Batch
 from imgtrain.data.shapes import ensure_shapes
-from imgtrain.resilience.errors import RunError
 from imgtrain.train.run import run
 
 
@@ -91,8 +91,8 @@ def test_a_batch_decode_failure_replaces_only_the_bad_file_and_reports_it(tmp_pa
 def test_gpu_decode_without_a_gpu_is_one_clear_line(tmp_path, data_dir) -> None:
     from helpers import compose_cfg
 
+    from imgtrain.common.errors import ConfigError
     from imgtrain.data.shapes import ensure_shapes
-    from imgtrain.resilience.errors import ConfigError
     from imgtrain.train.run import run
 
     root = ensure_shapes(str(tmp_path / "folder"), 32, 40, 10, 0)

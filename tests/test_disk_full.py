@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from helpers import FAST, compose_cfg, run_train
 
-from imgtrain.resilience.disk import disk_full_line, is_disk_full
-from imgtrain.resilience.errors import RunError
+from imgtrain.common.disk import disk_full_line, is_disk_full
+from imgtrain.common.errors import RunError
 from imgtrain.train.run import run
 
 PAGE = 4096  # tmpfs counts whole pages: every small file takes one

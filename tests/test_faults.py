@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
+from imgtrain.common.errors import RunError
 from imgtrain.config.schema import DataConfig, NonFinite
 from imgtrain.data.failures import explain_loader_failure, next_batch
 from imgtrain.data.loader import build_loader, plan_loader
 from imgtrain.data.samples import GuardedSamples, collate
 from imgtrain.resilience.agreement import WindowReport, exchange, merge
-from imgtrain.resilience.errors import RunError
 from imgtrain.resilience.faults import SECOND_CTRL_C_AFTER_S, Faults, Preempted, Stop, StopReason, StopSignals
 
 

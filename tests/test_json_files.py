@@ -12,8 +12,8 @@ import pytest
 from helpers import FAST, compose_cfg
 from shardhelpers import failure, pack, shards_args
 
-from imgtrain.resilience.atomic import BadJSON, read_json
-from imgtrain.resilience.errors import RunError
+from imgtrain.common.atomic import BadJSON, read_json
+from imgtrain.common.errors import RunError
 from imgtrain.train.run import run
 
 DEEP = "[" * 100_000  # Python's parser recurses once per level: a RecursionError, not a JSONDecodeError

@@ -20,9 +20,9 @@ import torchvision
 from helpers import compose_cfg
 from shardhelpers import failure
 
+from imgtrain.common.errors import ConfigError
 from imgtrain.config.schema import validate
 from imgtrain.host import optional
-from imgtrain.resilience.errors import ConfigError
 from imgtrain.train.model import build_timm, build_torchvision, check_model
 from imgtrain.train.run import run
 

@@ -17,10 +17,10 @@ from helpers import compose_cfg
 from PIL import Image
 from shardhelpers import failure
 
+from imgtrain.common.errors import ConfigError
 from imgtrain.data import decoders
 from imgtrain.data.shapes import ensure_shapes
 from imgtrain.host import optional
-from imgtrain.resilience.errors import ConfigError
 from imgtrain.train.run import run
 
 

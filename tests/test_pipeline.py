@@ -19,9 +19,10 @@ from imgtrain.data.pipeline import Planner
 from imgtrain.data.samples import GuardedSamples, collate
 from imgtrain.host import dist
 from imgtrain.host.cpus import CpuBudget
-from imgtrain.metrics import report, tune
+from imgtrain.metrics import report
 from imgtrain.metrics.spread import Rate
 from imgtrain.metrics.stage_breakdown import PipelineMeter
+from imgtrain.train import tune
 from imgtrain.train.run import run
 
 

@@ -19,9 +19,9 @@ from imgtrain.data.loader import plan_loader
 from imgtrain.data.pipeline import build_data
 from imgtrain.host import cpus, dist
 from imgtrain.host.cpus import cpu_quota, parse_cpu_max
-from imgtrain.metrics import tune
 from imgtrain.metrics.environment import ProbePaths, fingerprint, jpeg_decoders, mount_of
 from imgtrain.metrics.preflight import LoaderLoad, check_cpus, check_filesystem, check_threads, preflight, warnings_for
+from imgtrain.train import tune
 
 CPU = torch.device("cpu")
 GB = 10**9

@@ -1,4 +1,4 @@
-"""The model probe (metrics/probe.py) frees what it built, its compiled code included, and never hands its graphs to
+"""The model probe (train/probe.py) frees what it built, its compiled code included, and never hands its graphs to
 the run's model: compiled for real, on a model of milliseconds per step."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from torch._dynamo.utils import counters
 
 from imgtrain.config.schema import Precision, validate
 from imgtrain.host.dist import DistInfo
-from imgtrain.metrics.probe import ModelProbe
 from imgtrain.train.model import prepare_model
+from imgtrain.train.probe import ModelProbe
 from imgtrain.train.run import run
 from imgtrain.train.step import build_step
 

@@ -26,9 +26,9 @@ from helpers import FAST, RESUMABLE, ROOT, _env, _wait_for, compose_cfg, interru
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from imgtrain.common.errors import RunError
 from imgtrain.resilience import checkpoint
 from imgtrain.resilience.checkpoint import Checkpointer
-from imgtrain.resilience.errors import RunError
 from imgtrain.resilience.faults import Preempted
 from imgtrain.train.run import run
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import compose_cfg
 
-from imgtrain.resilience.errors import ConfigError
+from imgtrain.common.errors import ConfigError
 from imgtrain.train.model import resolve_precision
 from imgtrain.train.run import NotMeasured, run
 

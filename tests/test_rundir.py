@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from helpers import FAST, compose_cfg, run_train
 
+from imgtrain.common.errors import ConfigError, RunError
 from imgtrain.resilience import rundir
-from imgtrain.resilience.errors import ConfigError, RunError
 from imgtrain.resilience.rundir import LOCK_NAME, STALE_AFTER_S, RunDirLock
 from imgtrain.train.run import run
 

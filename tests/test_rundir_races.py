@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from imgtrain.common.errors import ConfigError, RunError
 from imgtrain.resilience import rundir
-from imgtrain.resilience.errors import ConfigError, RunError
 from imgtrain.resilience.rundir import LOCK_NAME, STALE_AFTER_S, RunDirLock
 
 

@@ -13,11 +13,11 @@ import pytest
 from helpers import FAST, compose_cfg, run_train
 from test_checkpoint import _payload
 
+from imgtrain.common.atomic import write_json
+from imgtrain.common.errors import ConfigError
+from imgtrain.common.links import refuse_foreign_links
 from imgtrain.resilience import checkpoint
-from imgtrain.resilience.atomic import write_json
 from imgtrain.resilience.checkpoint import CheckpointStore
-from imgtrain.resilience.errors import ConfigError
-from imgtrain.resilience.links import refuse_foreign_links
 from imgtrain.train.run import run
 
 

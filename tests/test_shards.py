@@ -21,6 +21,7 @@ from shardhelpers import failure, pack, shards_args
 
 pytest.importorskip("litdata", reason="dataset=shards needs the shards extra: pip install -e '.[shards]'")
 
+from imgtrain.common.errors import ConfigError  # noqa: E402
 from imgtrain.config.fields import AugmentOn  # noqa: E402
 from imgtrain.config.schema import DataConfig  # noqa: E402
 from imgtrain.data.datasets import eval_transform  # noqa: E402
@@ -35,7 +36,6 @@ from imgtrain.data.shards import staging  # noqa: E402
 from imgtrain.data.shards.dataset import ShardError, ShardSplit  # noqa: E402
 from imgtrain.data.shards.manifest import MANIFEST, PARTIAL  # noqa: E402
 from imgtrain.data.shards.store import Location  # noqa: E402
-from imgtrain.resilience.errors import ConfigError  # noqa: E402
 from imgtrain.train.run import run  # noqa: E402
 
 

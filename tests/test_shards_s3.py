@@ -18,7 +18,7 @@ pytest.importorskip("moto", reason="the object-storage tests need moto (the dev 
 
 from s3server import S3Server, free_port, s3_server, silent_endpoint  # noqa: E402
 
-from imgtrain.resilience.errors import ConfigError  # noqa: E402
+from imgtrain.common.errors import ConfigError  # noqa: E402
 from imgtrain.train.run import run  # noqa: E402
 
 ROOT = "s3://shards/shapes"

@@ -1,11 +1,12 @@
-"""The code's shape (issue 19): imports flow one way (config -> dist -> data/model -> metrics/checkpoint -> loop
--> run), with no cycle between imgtrain's modules, counting `from imgtrain.pkg import x` as an import of the
-package (its __init__) too; no function over 60 lines, and no file of the engine over 350 (the files a fork grows
+"""The code's shape: imports flow one way, between modules (no cycle, counting `from imgtrain.pkg import x` as an
+import of the package, its __init__, too) and between packages (none imports one above it in the order
+docs/development.md gives); no function over 60 lines, and no file of the engine over 350 (the files a fork grows
 are exempt: FORK_GROWS)."""
 
 from __future__ import annotations
 
 import ast
+import re
 
 from helpers import ROOT
 
@@ -48,6 +49,32 @@ def test_no_import_cycle_between_imgtrain_modules() -> None:
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
+
+
+def _documented_package_order() -> list[str]:
+    """The line of docs/development.md that reads "Packages, bottom up: `common` -> `config` -> ..."."""
+    match = re.search(r"^Packages, bottom up: (.+)$", (ROOT / "docs" / "development.md").read_text(), re.MULTILINE)
+    assert match, "docs/development.md lost its 'Packages, bottom up:' line"
+    return re.findall(r"`(\w+)`", match.group(1))
+
+
+def _package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "imgtrain" and len(parts) >= 2 else None  # imgtrain.<package>[.<module>]
+
+
+def test_packages_import_only_packages_below_them_in_the_documented_order() -> None:
+    order = _documented_package_order()
+    modules = _modules()
+    packages = {_package(name) for name in modules if name.startswith("imgtrain.")} - {None}
+    assert packages <= set(order), f"packages missing from docs/development.md's order: {packages - set(order)}"
+    upward = [
+        f"{name} -> {target}"
+        for name, tree in modules.items()
+        for target in _imports(name, tree, set(modules))
+        if (source := _package(name)) and (dest := _package(target)) and order.index(dest) > order.index(source)
+    ]
+    assert not upward, "imports against the package order: " + "; ".join(sorted(upward))
 
 
 MAX_FUNCTION_LINES = 60  # the project's rule: functions under about 60 lines

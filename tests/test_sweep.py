@@ -22,8 +22,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from PIL import Image
 
+from imgtrain.common.errors import RunEnded
 from imgtrain.metrics import report, spread
-from imgtrain.resilience.errors import RunEnded
 from imgtrain.sweep.plot import plot
 from imgtrain.sweep.rank import MEMORY_NOISE, MIN_GAIN, cheapest, decision, drift, memory_noise, pool_repeats
 from imgtrain.sweep.report import SweepReport, build_report, collect, rank, read_job, recipe_note, reproduce_command

@@ -13,9 +13,9 @@ import torch
 import torch.distributed.distributed_c10d as c10d
 from helpers import FAST, compose_cfg
 
+from imgtrain.common.errors import ConfigError, RunError
 from imgtrain.host import dist
 from imgtrain.resilience.checkpoint import files
-from imgtrain.resilience.errors import ConfigError, RunError
 from imgtrain.sweep.report import collect, read_job
 from imgtrain.train.run import run
 

@@ -19,12 +19,12 @@ from PIL import Image, UnidentifiedImageError
 from test_datasets import LEVELS
 from torch.utils.data import Dataset
 
+from imgtrain.common.errors import ConfigError, RunError
 from imgtrain.config.schema import validate
 from imgtrain.data.csv_rows import csv_splits, read_rows
 from imgtrain.data.datasets import CorruptSampleError
 from imgtrain.data.decoders import decode_bytes
 from imgtrain.data.user_datasets import UserDataset, build_custom
-from imgtrain.resilience.errors import ConfigError, RunError
 from imgtrain.train.run import run
 
 MEAN, STD = [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]

@@ -17,8 +17,8 @@ from pathlib import Path
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+from imgtrain.common.errors import EXIT_FAILED, RunEnded
 from imgtrain.host.optional import LOAD_ERRORS
-from imgtrain.resilience.errors import EXIT_FAILED, RunEnded
 from imgtrain.sweep.report import build_report
 
 try:

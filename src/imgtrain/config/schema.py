@@ -20,6 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
+from imgtrain.common.errors import ConfigError
 from imgtrain.config.datasets import (
     CifarConfig,
     CsvConfig,
@@ -32,7 +33,6 @@ from imgtrain.config.datasets import (
 from imgtrain.config.fields import AUTO, TUNE, AugmentOn, Choice, at_least, auto_or_bool, checked, is_int
 from imgtrain.config.renamed_keys import RECIPE_MOVES, moved_key_line
 from imgtrain.config.val_metrics import objectives
-from imgtrain.resilience.errors import ConfigError
 
 
 class Device(Choice):

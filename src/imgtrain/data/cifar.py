@@ -11,6 +11,7 @@ import torch
 from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.transforms import v2
 
+from imgtrain.common.errors import ConfigError
 from imgtrain.config.datasets import AugmentPolicy
 from imgtrain.data.datasets import (
     DatasetBundle,
@@ -21,7 +22,6 @@ from imgtrain.data.datasets import (
     triple,
     with_steps,
 )
-from imgtrain.resilience.errors import ConfigError
 
 DOWNLOAD_TIMEOUT_S = 20.0  # socket timeout for the CIFAR download, so an offline machine fails fast
 CIFAR_FILES = {

@@ -22,7 +22,7 @@ import os
 
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from imgtrain.resilience.errors import ConfigError, first_line
+from imgtrain.common.errors import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 

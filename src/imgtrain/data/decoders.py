@@ -23,10 +23,10 @@ import torch
 import torchvision
 from PIL import Image, UnidentifiedImageError
 
+from imgtrain.common.errors import ConfigError, first_line
 from imgtrain.config.datasets import MAX_IMAGE_PIXELS
 from imgtrain.data.jpeg import JpegFrame, jpeg_frame, too_many_pixels
 from imgtrain.host.optional import LOAD_ERRORS
-from imgtrain.resilience.errors import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import psutil
 
+from imgtrain.common.errors import RunError
 from imgtrain.config.schema import DataConfig
-from imgtrain.resilience.errors import RunError
 
 
 class LoaderFailed(RunError):

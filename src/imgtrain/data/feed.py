@@ -20,13 +20,13 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from imgtrain.common.errors import ConfigError, RunError
 from imgtrain.data import batched
 from imgtrain.data.copies import to_device
 from imgtrain.data.gpu_decode import GpuJpegBatches
 from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.samples import Batch, GuardedSamples, RawBatch, collate
 from imgtrain.data.stages import StreamTimer
-from imgtrain.resilience.errors import ConfigError, RunError
 
 log = logging.getLogger(__name__)
 

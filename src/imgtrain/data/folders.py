@@ -8,7 +8,7 @@ import os
 import numpy as np
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
-from imgtrain.resilience.errors import ConfigError
+from imgtrain.common.errors import ConfigError
 
 LAYOUT_HINT = "expected root/<class>/*.jpg or root/train/<class>/ and root/val/<class>/"
 

@@ -17,12 +17,12 @@ import numpy as np
 import torch
 from torchvision.io import ImageReadMode, decode_jpeg
 
+from imgtrain.common.errors import RunError
 from imgtrain.data import batched, resample
 from imgtrain.data.copies import to_device
 from imgtrain.data.jpeg import EncodedBatch
 from imgtrain.data.samples import Batch
 from imgtrain.data.stages import StreamTimer
-from imgtrain.resilience.errors import RunError
 
 
 class GpuJpegBatches:

@@ -20,6 +20,7 @@ from imgtrain.config.schema import AUTO, TUNE, AugmentOn, DataConfig
 from imgtrain.data.samplers import EpochSampler, ShardSampler
 from imgtrain.data.samples import GuardedSamples, collate
 from imgtrain.host.cpus import available_cpus, cpu_budget
+from imgtrain.host.signals import STOP_SIGNALS, SUBMITIT_SIGNAL
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +30,6 @@ log = logging.getLogger(__name__)
 MAX_AUTO_WORKERS = 16
 
 
-# Signals that ask for a checkpoint and a clean exit: SIGTERM (SLURM preemption and scancel, torchrun's
-# agent, `kill`), SIGUSR1 (sbatch --signal=USR1@120), SIGINT (Ctrl-C: the terminal sends it to the whole
-# foreground process group, workers included), and submitit's own requeue signal when it set one up.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-SUBMITIT_SIGNAL = signal.SIGUSR2
 # A DataLoader worker that gets SIGTERM (SLURM signals every process of the job) lives this much longer, so
 # the main process can reach the point where it saves; then it exits even if nothing else stops it.
 # SLURM's default KillWait is 30 s: after that everything gets SIGKILL anyway.

@@ -13,6 +13,8 @@ import torch
 from hydra.utils import instantiate
 from torch.utils.data import DataLoader
 
+from imgtrain.common.atomic import write_json
+from imgtrain.common.errors import ConfigError
 from imgtrain.config.datasets import AugmentPolicy, Decode
 from imgtrain.config.schema import Config, DataConfig, Mode
 from imgtrain.data.datasets import DatasetBundle
@@ -22,8 +24,6 @@ from imgtrain.data.loader import LoaderPlan, build_loader, plan_loader, resolve_
 from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.streamed import StreamedLoader, StreamedSplit
 from imgtrain.host import dist, optional
-from imgtrain.resilience.atomic import write_json
-from imgtrain.resilience.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, IterableDataset
 
+from imgtrain.common.errors import ConfigError, RunError, first_line
 from imgtrain.config.datasets import MAX_IMAGE_PIXELS
 from imgtrain.data import batched, decoders, stages
 from imgtrain.data.csv_rows import csv_splits
@@ -29,7 +30,6 @@ from imgtrain.data.datasets import (
 )
 from imgtrain.data.decoders import DECODE_ERRORS, error_reason
 from imgtrain.data.jpeg import too_many_pixels
-from imgtrain.resilience.errors import ConfigError, RunError, first_line
 
 # What the user's __getitem__ raises for an image it cannot read or decode, as the template's own decoders do (PIL:
 # OSError, incl. UnidentifiedImageError and a missing file; SyntaxError for some broken PNGs; ValueError;

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from imgtrain.resilience.errors import ConfigError, RunError
+from imgtrain.common.errors import ConfigError, RunError
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
-from imgtrain.resilience.errors import ConfigError, first_line
+from imgtrain.common.errors import ConfigError, first_line
 
 
 @dataclass(frozen=True)

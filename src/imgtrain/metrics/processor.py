@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 import torchvision
 
+from imgtrain.common.atomic import write_json
 from imgtrain.config.schema import Config, Mode, model_name
 from imgtrain.host import dist
 from imgtrain.host.cpus import available_cpus
@@ -37,7 +38,6 @@ from imgtrain.metrics.summary import RunSummary, as_json
 from imgtrain.metrics.tensorboard import MetricsLogger, hparam_metrics, hparams
 from imgtrain.metrics.windows import StepMeter
 from imgtrain.resilience.agreement import Agreement, WindowReport, exchange
-from imgtrain.resilience.atomic import write_json
 from imgtrain.resilience.faults import Faults
 
 UNREADABLE_LISTED = 100  # distinct unreadable files listed in metrics.json (all are counted)

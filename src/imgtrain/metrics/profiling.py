@@ -20,11 +20,11 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, record_function
 
+from imgtrain.common.atomic import atomic_write
+from imgtrain.common.errors import RunError
+from imgtrain.common.links import refuse_foreign_links
 from imgtrain.config.schema import MetricsConfig
 from imgtrain.host import dist
-from imgtrain.resilience.atomic import atomic_write
-from imgtrain.resilience.errors import RunError
-from imgtrain.resilience.links import refuse_foreign_links
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from imgtrain.common.disk import disk_full_line, is_disk_full
+from imgtrain.common.errors import RunError
+from imgtrain.common.links import refuse_foreign_links
 from imgtrain.config.val_metrics import VAL_METRICS, field
-from imgtrain.resilience.disk import disk_full_line, is_disk_full
-from imgtrain.resilience.errors import RunError
-from imgtrain.resilience.links import refuse_foreign_links
 
 
 def _hparam_value(value: Any) -> bool | int | float | str:

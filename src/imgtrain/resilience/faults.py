@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
+from imgtrain.common.errors import RunEnded, RunError
 from imgtrain.config.schema import NonFinite
-from imgtrain.data.loader import STOP_SIGNALS, SUBMITIT_SIGNAL
 from imgtrain.host import dist
+from imgtrain.host.signals import STOP_SIGNALS, SUBMITIT_SIGNAL
 from imgtrain.resilience.agreement import Agreement, WindowReport, exchange
-from imgtrain.resilience.errors import RunEnded, RunError
 
 log = logging.getLogger(__name__)
 

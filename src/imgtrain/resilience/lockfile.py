@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imgtrain.resilience.atomic import BadJSON, read_json
+from imgtrain.common.atomic import BadJSON, read_json
 
 # A heartbeat this far ahead of this host's clock is from the future: hosts kept in time by NTP, and a file system's
 # timestamps, agree far better. Closer than that, it is taken as now.

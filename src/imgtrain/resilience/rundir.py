@@ -31,9 +31,9 @@ import psutil
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from imgtrain.common.errors import ConfigError, RunEnded, RunError
+from imgtrain.common.links import refuse_foreign_links
 from imgtrain.host import dist
-from imgtrain.resilience.errors import ConfigError, RunEnded, RunError
-from imgtrain.resilience.links import refuse_foreign_links
 from imgtrain.resilience.lockfile import Seen, ahead, look
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The sweep report's own file reads and writes. A job's files are read so that damage becomes a reason, never an
 exception: a report over fifty jobs must not be lost to one truncated or edited file. The report's files are
 written whole (`atomic_write`) and never through a symbolic link another user planted at their names; the report
-checks its names with resilience/links.py first (this user's own links followed, the links behind them checked).
+checks its names with common/links.py first (this user's own links followed, the links behind them checked).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
-from imgtrain.resilience.atomic import BadJSON, atomic_write
-from imgtrain.resilience.atomic import read_json as parse_json
-from imgtrain.resilience.errors import first_line
-from imgtrain.resilience.links import own_target
+from imgtrain.common.atomic import BadJSON, atomic_write
+from imgtrain.common.atomic import read_json as parse_json
+from imgtrain.common.errors import first_line
+from imgtrain.common.links import own_target
 
 
 class Damaged(Exception):
@@ -39,7 +39,7 @@ def read_text(path: Path, name: str | None = None) -> str:
 
 def read_json(path: Path) -> Any:
     """The JSON value in `path`; Damaged (one line) when it is not JSON, nested too deeply to parse included
-    (resilience.atomic.read_json says which)."""
+    (common.atomic.read_json says which)."""
     text = read_text(path)
     try:
         return parse_json(text, path.name)

@@ -15,10 +15,10 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from imgtrain.common.errors import EXIT_BAD_INPUT, RunEnded, RunError
+from imgtrain.common.links import refuse_foreign_links
 from imgtrain.host.dist import global_rank
 from imgtrain.metrics.spread import Rate, indistinguishable
-from imgtrain.resilience.errors import EXIT_BAD_INPUT, RunEnded, RunError
-from imgtrain.resilience.links import refuse_foreign_links
 from imgtrain.sweep.files import write_file
 from imgtrain.sweep.jobs import (
     DAMAGED,

@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterator
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from imgtrain.common.errors import EXIT_BAD_INPUT, RunEnded, RunError
 from imgtrain.config.renamed_keys import moved_key_line
 from imgtrain.config.schema import register_configs
 from imgtrain.host.dist import register_resolvers
 from imgtrain.host.optional import missing_plugin_line
-from imgtrain.resilience.errors import EXIT_BAD_INPUT, RunEnded, RunError
 
 # Lines of OmegaConf/Hydra messages that repeat what the first line says, or point at internals.
 _NOISE = (

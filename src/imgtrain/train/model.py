@@ -15,6 +15,7 @@ from hydra.utils import instantiate
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from imgtrain.common.errors import ConfigError, first_line
 from imgtrain.config.schema import (
     AUTO,
     Config,
@@ -26,7 +27,6 @@ from imgtrain.config.schema import (
     model_name,
 )
 from imgtrain.host import dist, optional
-from imgtrain.resilience.errors import ConfigError, first_line
 from imgtrain.train.pretrained import load_matching, read_weights, timm_weights, torchvision_weights
 
 log = logging.getLogger(__name__)

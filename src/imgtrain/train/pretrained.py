@@ -23,9 +23,9 @@ import torch
 import torchvision
 from torch import nn
 
+from imgtrain.common.errors import ConfigError, first_line
+from imgtrain.common.safe_load import unsafe_torch_reason
 from imgtrain.host import optional
-from imgtrain.resilience.errors import ConfigError, first_line
-from imgtrain.resilience.safe_load import unsafe_torch_reason
 
 log = logging.getLogger(__name__)
 

@@ -18,27 +18,28 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from imgtrain.common.atomic import BadJSON, read_json, write_json
+from imgtrain.common.disk import disk_full_line, is_disk_full
+from imgtrain.common.errors import ConfigError, RunError, is_bad_input
 from imgtrain.config.schema import TUNE, Config, Mode, validate
 from imgtrain.data import streamed
 from imgtrain.data.pipeline import RunData, build_data, save_loader_args, use_tuned_workers
 from imgtrain.host import dist
-from imgtrain.metrics import Metrics, tune
+from imgtrain.metrics import Metrics
 from imgtrain.metrics.preflight import preflight
-from imgtrain.metrics.probe import ModelProbe
 from imgtrain.metrics.profiling import Profiler
 from imgtrain.metrics.spread import MIN_WINDOWS, Rate
 from imgtrain.metrics.stage_breakdown import PipelineMeter
 from imgtrain.resilience import rundir
-from imgtrain.resilience.atomic import BadJSON, read_json, write_json
 from imgtrain.resilience.checkpoint import Checkpointer
-from imgtrain.resilience.disk import disk_full_line, is_disk_full
-from imgtrain.resilience.errors import ConfigError, RunError, is_bad_input
 from imgtrain.resilience.faults import Faults, Preempted, restore_after_ending
 from imgtrain.sweep.jobs import STOPPED
 from imgtrain.sweep.report import build_report
+from imgtrain.train import tune
 from imgtrain.train.cli import one_line
 from imgtrain.train.loop import Components, fit
 from imgtrain.train.model import check_model, memory_format_for, prepare_model, resolve_precision
+from imgtrain.train.probe import ModelProbe
 from imgtrain.train.step import build_step
 
 log = logging.getLogger(__name__)

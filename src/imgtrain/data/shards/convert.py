@@ -36,6 +36,7 @@ from pathlib import Path
 import litdata
 from tqdm import tqdm
 
+from imgtrain.common.errors import ConfigError, RunError
 from imgtrain.config.datasets import MAX_IMAGE_PIXELS
 from imgtrain.data import decoders
 from imgtrain.data.decoders import decode_problem
@@ -53,7 +54,6 @@ from imgtrain.data.shards.manifest import (
 from imgtrain.data.shards.source import Source
 from imgtrain.data.shards.store import Location, Store, redact
 from imgtrain.host.cpus import available_cpus
-from imgtrain.resilience.errors import ConfigError, RunError
 
 # 64 MB chunks, LitData's own recommendation and MosaicML's default: one object-store request (tens of ms to its
 # first byte) is spread over hundreds of ImageNet-sized JPEGs, while ImageNet's 140 GB still makes ~2,200 chunks,

@@ -20,6 +20,7 @@ import torch
 from litdata import StreamingDataset
 from litdata.streaming.sampler import ChunkedIndex
 
+from imgtrain.common.errors import RunError
 from imgtrain.config.datasets import MAX_IMAGE_PIXELS
 from imgtrain.config.fields import AugmentOn
 from imgtrain.data import batched, decoders
@@ -34,7 +35,6 @@ from imgtrain.data.shards.loader import ShardLoader
 from imgtrain.data.shards.manifest import FIELDS, SPLITS, Manifest, check_files, read_manifest
 from imgtrain.data.shards.store import Location, Store, redact
 from imgtrain.data.streamed import StreamedSplit
-from imgtrain.resilience.errors import RunError
 
 
 class ShardError(RunError):

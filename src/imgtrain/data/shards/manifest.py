@@ -20,9 +20,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from imgtrain.common.atomic import BadJSON, read_json
+from imgtrain.common.errors import ConfigError, RunError
 from imgtrain.data.shards.store import Store
-from imgtrain.resilience.atomic import BadJSON, read_json
-from imgtrain.resilience.errors import ConfigError, RunError
 
 MANIFEST = "imgtrain-shards.json"  # written last: its presence means the conversion finished
 PARTIAL = ".imgtrain-shards.partial.json"  # during a conversion: the source's fingerprint and the splits done

@@ -11,10 +11,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from imgtrain.common.errors import ConfigError
 from imgtrain.data.csv_rows import csv_splits
 from imgtrain.data.folders import folder_splits
 from imgtrain.data.shards.manifest import SPLITS
-from imgtrain.resilience.errors import ConfigError
 
 
 @dataclass

@@ -20,7 +20,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 
-from imgtrain.resilience.errors import ConfigError
+from imgtrain.common.errors import ConfigError
 
 PREFIX = "imgtrain-shards-"
 LOCK = ".lock"  # held while a conversion uses the folder: the next one knows whether it is left over

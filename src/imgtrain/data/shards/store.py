@@ -27,8 +27,8 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
-from imgtrain.resilience.atomic import atomic_write
-from imgtrain.resilience.errors import ConfigError, RunError
+from imgtrain.common.atomic import atomic_write
+from imgtrain.common.errors import ConfigError, RunError
 
 S3_SCHEME = "s3://"
 ATTEMPTS = 2  # tries per request here: one retry absorbs a blip; a dead endpoint fails in 2 x timeout_s

@@ -15,11 +15,13 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from omegaconf import OmegaConf
 from torch import nn
 
+from imgtrain.common.disk import disk_full_line, is_disk_full
+from imgtrain.common.errors import ConfigError, RunError, first_line
 from imgtrain.config.schema import BestOf, Config, Mode
 from imgtrain.host import dist
 from imgtrain.resilience.agreement import Agreement
@@ -36,12 +38,22 @@ from imgtrain.resilience.checkpoint.state import (
     restore_rng,
 )
 from imgtrain.resilience.checkpoint.writer import AsyncWriter
-from imgtrain.resilience.disk import disk_full_line, is_disk_full
-from imgtrain.resilience.errors import ConfigError, RunError, first_line
 from imgtrain.resilience.faults import Faults, Preempted, Stop, StopReason
-from imgtrain.train.step import Step
 
 log = logging.getLogger(__name__)
+
+
+class StepState(Protocol):
+    """What the checkpoints need of the training step (train/step.py's `Step`): its state, and the LR schedule
+    positioned by the steps already taken."""
+
+    steps_per_epoch: int
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> str | None: ...
+
+    def resume_schedule(self, position: int) -> None: ...
 
 
 class Checkpointer:
@@ -62,7 +74,7 @@ class Checkpointer:
         self.written_step: int | None = None  # the step of the newest checkpoint known to be on disk
         self.snapshot, self.writer = HostSnapshot(), AsyncWriter()
         self.model: nn.Module | None = None
-        self.step_state: Step | None = None
+        self.step_state: StepState | None = None
         self.order: Any = None  # dataset=shards: the training order's state (state_dict / load_state_dict)
         self.progress = Progress()  # the loop's, from `resume` on
         self.total_steps = 0
@@ -73,7 +85,7 @@ class Checkpointer:
         best.pt is then the checkpoint of that epoch, the EMA's weights under its `ema` key."""
         return self.settings.checkpoint.best_of == BestOf.ema and self.settings.train.ema_decay is not None
 
-    def attach(self, model: nn.Module, step: Step, total_steps: int, order: Any = None) -> None:
+    def attach(self, model: nn.Module, step: StepState, total_steps: int, order: Any = None) -> None:
         """What the checkpoints hold: the underlying model (not its DDP or compiled wrapper), the Step and, for a
         streamed dataset, the state of its order (the topology its epoch started with)."""
         self.model, self.step_state, self.total_steps, self.order = model, step, total_steps, order

@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from imgtrain.resilience.atomic import atomic_write, fsync_dir
-from imgtrain.resilience.errors import ConfigError, RunError
-from imgtrain.resilience.links import refuse_foreign_links
-from imgtrain.resilience.safe_load import unsafe_torch_reason
+from imgtrain.common.atomic import atomic_write, fsync_dir
+from imgtrain.common.errors import ConfigError, RunError
+from imgtrain.common.links import refuse_foreign_links
+from imgtrain.common.safe_load import unsafe_torch_reason
 
 log = logging.getLogger(__name__)
 

@@ -98,7 +98,7 @@ def read_json(source: Path | str | bytes, what: str | None = None) -> Any:
     except RecursionError:
         raise BadJSON(what, "nested too deeply to parse") from None
     except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4,300 digits
-        text = str(error).strip()  # resilience.errors' first_line, without importing Hydra here (see above)
+        text = str(error).strip()  # common.errors' first_line, without importing Hydra here (see above)
         raise BadJSON(what, f"not valid JSON: {text.splitlines()[0] if text else type(error).__name__}") from None
 
 

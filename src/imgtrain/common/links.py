@@ -17,7 +17,7 @@ import pwd
 import stat
 from pathlib import Path, PurePath
 
-from imgtrain.resilience.errors import ConfigError
+from imgtrain.common.errors import ConfigError
 
 
 def _owner(uid: int) -> str:
