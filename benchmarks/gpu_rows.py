@@ -18,7 +18,8 @@ COMPILED = ("system.compile=true",)
 NOT_MEASURED = "not measured: no CUDA device on this machine"
 # metrics.json's fields a GPU row reports (docs/measurements.md): the rate and its 95% interval, the data wait,
 # NVML's utilisation and device-wide memory, torch's peak allocation, and the host's side
-FIGURES = ("images_per_sec", "images_per_sec_interval", "images_per_sec_interval_note", "data_wait_frac")
+FIGURES = ("images_per_sec", "images_per_sec_median", "images_per_sec_interval", "images_per_sec_interval_note")
+FIGURES += ("data_wait_frac",)  # the median: this process's, the only one on one GPU
 FIGURES += ("gpu_util_mean", "gpu_mem_peak_gb", "gpu_mem_used_max_gb", "cpu_pct_mean", "rss_peak_gb")
 FIGURES += ("measured_steps", "steps", "wall_time_s", "verdict", "command", "run_dir", "error")
 
@@ -75,6 +76,10 @@ class Target:
     shares: tuple[tuple[str, float], ...] = ()  # (the other row's key, the least share of its images/s)
     rate: float | None = None  # images/s, at least
     util: float | None = None  # NVML's mean GPU utilisation, %, at least
+    # (another row's key, points): GPU utilisation at most this many points below that row's. An eager ResNet-18 at
+    # 32 px is launch-bound: its own compute ceiling kept an H200 76% busy (gpu-check, 2026-11-27), so an absolute
+    # 95% failed a device-resident row that matched the ceiling's rate
+    util_of: tuple[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -132,7 +137,11 @@ def check_rows(scale: Scale, photos_root: str, workers: int) -> list[Row]:
     images, val = shapes_counts(scale)
     synthetic = ("dataset=synthetic", *r18_args)
     jpeg = jpeg_args(photos_root, workers, *s50, r50_args)
-    near = Target(">= 90% of r18_ceiling, GPU util >= 95%", (("r18_ceiling", 0.9),), util=95)
+    near = Target(
+        ">= 90% of r18_ceiling, GPU util within 5 points of r18_ceiling's",
+        (("r18_ceiling", 0.9),),
+        util_of=("r18_ceiling", 5.0),
+    )
     to_r50 = ("r50_ceiling_compiled", 0.9)
     cores = f"{workers} worker{'s' if workers > 1 else ''}"
     loader = ("dataset=shapes", f"dataset.num_val={val}", f"data.num_workers={workers}", *r18_args)

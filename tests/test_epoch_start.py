@@ -44,3 +44,19 @@ def test_the_verdict_names_a_costly_epoch_start_and_the_remedy() -> None:
     assert report.epoch_start_line({"epoch_first_batch_s": [0.2], "epoch_start_cost_s": []}).endswith(
         "one epoch: no later epoch start to measure"
     )
+
+
+def test_the_rate_line_gives_the_median_window_beside_its_interval_and_the_overall_rate() -> None:
+    """Epoch-start stalls pull the overall rate below the median window's interval (2026-11-27's gpu-check: 2,465
+    img/s overall, the median window's interval 2,580-2,877): the line names both, each with what it is."""
+    summary = {
+        "images_per_sec": 4930.0,  # two ranks
+        "images_per_sec_per_process": 2465.0,
+        "images_per_sec_median": 2720.0,
+        "images_per_sec_interval": [5160.0, 5754.0],  # scaled to both ranks, as the summary writes it
+        "images_per_sec_windows": [2700.0] * 10,
+    }
+    assert report.rate_line(summary) == (
+        "4,930.0 over all steady steps; median window 5,440.0 (95% interval of the median window 5,160.0-5,754.0, "
+        "10 windows)"
+    )

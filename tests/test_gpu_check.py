@@ -152,6 +152,25 @@ def test_a_row_meets_its_target_only_with_every_figure_it_needs() -> None:
     assert gpu_table.judge(gpu_rows.Target("rate", rate=50_000), {"images_per_sec": 49_999.0}, [])["met"] is False
 
 
+def test_a_utilisation_target_can_be_relative_to_another_rows() -> None:
+    """2026-11-27's H200: the eager ResNet-18 ceiling kept the GPU 76% busy, so the device-resident row at 102% of
+    its rate and 72% busy meets a target of "within 5 points of the ceiling's", and the DataLoader row (43%) not."""
+    target = gpu_rows.Target("t", (("ceiling", 0.9),), util_of=("ceiling", 5.0))
+    done = [{"key": "ceiling", "images_per_sec": 46_019.0, "gpu_util_mean": 76.0}]
+    assert gpu_table.judge(target, {"images_per_sec": 46_916.0, "gpu_util_mean": 72.0}, done)["met"] is True
+    assert gpu_table.judge(target, {"images_per_sec": 46_916.0, "gpu_util_mean": 43.0}, done)["met"] is False
+    no_util = [{"key": "ceiling", "images_per_sec": 46_019.0}]
+    assert gpu_table.judge(target, {"images_per_sec": 46_916.0, "gpu_util_mean": 72.0}, no_util)["met"] is None
+
+
+def test_the_table_gives_the_overall_rate_and_the_median_window_with_its_own_interval() -> None:
+    """The overall rate can lie below the median window's interval (2026-11-27's r50_jpeg_cuda: 2,465 overall, the
+    median window's interval 2,580-2,877): the interval is shown beside the median it belongs to."""
+    entry = {"images_per_sec": 2465.0, "images_per_sec_median": 2720.0, "images_per_sec_interval": [2580.0, 2877.0]}
+    assert gpu_table._rate(entry) == "2,465 / 2,720 (2,580-2,877)"
+    assert gpu_table._rate({"images_per_sec": 10.0}) == "10 / — (no interval)"
+
+
 def test_the_mixed_folder_has_imagenets_sizes_and_a_few_12_mp_photos(tmp_path: Path) -> None:
     """The distribution drawn (20,000 draws) and a quick folder generated: what the module's docstring says."""
     rng = np.random.default_rng(0)
