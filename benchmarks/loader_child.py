@@ -73,7 +73,7 @@ def ours_loader(args: argparse.Namespace) -> dict:
     # Imported here, in this child only: the timm child must load nothing of imgtrain's (its models import timm)
     from hydra import compose, initialize_config_dir
 
-    from imgtrain.config.schema import validate
+    from imgtrain.config.validate import validate
     from imgtrain.data.pipeline import build_data
     from imgtrain.host import dist
     from imgtrain.train.cli import register

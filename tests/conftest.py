@@ -22,6 +22,41 @@ from shardhelpers import pack  # noqa: E402
 
 from imgtrain.data.shapes import ensure_shapes  # noqa: E402
 
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # NOVENV on the GPU box may lack pytest-xdist: one process, no scheduler
+    LoadScopeScheduling = object
+
+# Tests that share a module- or session-scoped fixture that costs seconds (a train.py or torchrun run, a training run
+# in-process, an object-storage server holding converted shards, the GPU box's emulation), by node id prefix: under
+# xdist each group goes to one worker, so its fixture is made once, not once in each worker that gets one of its
+# tests (--dist load scatters a module's tests over the workers). xdist's own --dist loadgroup cannot do it here:
+# it renames items through `_nodeid`, which pytest 9 no longer reads.
+SHARED_FIXTURES = {
+    "tests/test_ddp.py": "ddp_run",  # torchrun, 2 ranks
+    "tests/test_gpu_check.py::test_a_passed_deadline": "gpu_box",  # site-packages copied, wheels installed
+    "tests/test_gpubox.py": "gpu_box",
+    "tests/test_resilience.py": "straight",  # train.py, 2 epochs
+    "tests/test_shards_s3.py": "s3",  # moto's server and a conversion into it
+    "tests/test_shards_trust.py": "s3 (trust)",  # moto's server
+    "tests/test_train_smoke.py": "smoke_run",  # train.py, 2 epochs
+    "tests/test_trust.py": "checkpoint",  # a debug=fast run
+}
+
+
+class SharedFixtureScheduling(LoadScopeScheduling):
+    """--dist load, but each group of SHARED_FIXTURES is one unit of work: every other test is a unit of its own,
+    and the largest units are handed out first (their fixtures start while single tests fill the other worker)."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return next((group for prefix, group in SHARED_FIXTURES.items() if nodeid.startswith(prefix)), nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown, and never called, without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> SharedFixtureScheduling | None:
+    """make test's schedule (-n N gives --dist load); another --dist asked for keeps xdist's own."""
+    return SharedFixtureScheduling(config, log) if config.getoption("dist") == "load" else None
+
 
 def pytest_report_header() -> str:
     """Say which device the run had: the gpu-marked tests skip without CUDA."""

@@ -2,14 +2,15 @@
 then the device wheels installed the documented way.
 
 The GPU box (docs/gpu.md) has torch, torchvision, timm, tensorboard, psutil, matplotlib and nvidia-ml-py, and no
-package index: no LitData, boto3, botocore, obstore, Optuna, hydra-optuna-sweeper, moto, scikit-learn or SciPy,
-and no hydra-core, omegaconf, antlr4-python3-runtime, submitit, hydra-submitit-launcher or TorchCodec until the
-wheels of ../shared/device-wheels are installed: `python -m pip install --no-index --no-deps --target DIR <wheel>`,
-DIR on PYTHONPATH. `site_without` builds a folder of links to this interpreter's site-packages, leaving those
-distributions out (their modules, their metadata, and their entries in shared namespace packages such as
-hydra_plugins), and `command` runs Python with `-S` on it: the packages are absent, as they are there, not hidden
-by a hook that the code under test could get around (Hydra's plugin scan lists hydra_plugins from the file system,
-for one). DataLoader workers started by spawn or forkserver inherit `-S` and PYTHONPATH.
+package index: no LitData, boto3, botocore, obstore, Optuna, hydra-optuna-sweeper, moto, scikit-learn or SciPy, and
+no hydra-core, omegaconf, antlr4-python3-runtime, submitit, hydra-submitit-launcher or TorchCodec until the wheels
+of ../shared/device-wheels (beside the checkout, not in it) are installed: `python -m pip install --no-index
+--no-deps --target DIR <wheel>`, DIR on PYTHONPATH. `site_without` builds a folder of links to this interpreter's
+site-packages, leaving those distributions out (their modules, their metadata, and their entries in shared
+namespace packages such as hydra_plugins), and `command` runs Python with `-S` on it: the packages are absent, as
+they are there, not hidden by a hook that the code under test could get around (Hydra's plugin scan lists
+hydra_plugins from the file system, for one). DataLoader workers started by spawn or forkserver inherit `-S` and
+PYTHONPATH.
 
 `make_box` then installs the device wheels into a folder of their own, one pip call per wheel, as the box does: a
 wheel that does not install (TorchCodec's is for CPython 3.12; this venv's Python may be another) is reported
@@ -98,8 +99,8 @@ def site_without(folder: Path, absent: tuple[str, ...] = ABSENT) -> Path:
 
 
 def install_wheels(site_dir: Path, target: Path, wheels: Path = WHEELS) -> dict[str, str]:
-    """The device wheels in `target` the documented way, one pip call per wheel so that one that does not install
-    leaves the others; without `wheels`, this venv's files of the same distributions linked there instead."""
+    """The device wheels in `target` as docs/gpu.md installs them, one pip call per wheel so that one that does not
+    install leaves the others; without `wheels`, this venv's files of the same distributions linked there instead."""
     target.mkdir(parents=True, exist_ok=True)
     if not wheels.is_dir():
         return _link_distributions(target)

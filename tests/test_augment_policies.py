@@ -18,8 +18,9 @@ from hydra.utils import instantiate
 from torchvision.transforms import v2
 
 from imgtrain.common.errors import ConfigError
+from imgtrain.config.data import DataConfig
 from imgtrain.config.fields import AugmentOn
-from imgtrain.config.schema import DataConfig, validate
+from imgtrain.config.validate import validate
 from imgtrain.data import batched, policies, stages
 from imgtrain.data.datasets import (
     TensorImageDataset,
@@ -30,7 +31,8 @@ from imgtrain.data.datasets import (
     train_transform,
 )
 from imgtrain.data.feed import Feed
-from imgtrain.data.loader import build_loader, plan_loader
+from imgtrain.data.loader import plan_loader
+from imgtrain.data.pipeline import build_loader
 from imgtrain.data.samples import GuardedSamples, RawBatch, collate
 from imgtrain.metrics import report
 from imgtrain.train.cli import one_line

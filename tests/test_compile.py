@@ -17,10 +17,11 @@ from torch._dynamo.utils import counters
 from torchvision.transforms import v2
 
 from imgtrain.common.errors import ConfigError
-from imgtrain.config.schema import CompileMode, Precision, validate
+from imgtrain.config.system import CompileMode, Precision
+from imgtrain.config.validate import validate
 from imgtrain.host.dist import DistInfo
 from imgtrain.train.cli import one_line
-from imgtrain.train.model import evaluation_module, prepare_model
+from imgtrain.train.placement import evaluation_module, prepare_model
 from imgtrain.train.probe import ModelProbe, StepClock
 from imgtrain.train.run import run
 from imgtrain.train.step import Step, build_step

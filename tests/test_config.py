@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from helpers import CONF_DIR, compose_cfg
+from helpers import CONF_DIR, ROOT, compose_cfg
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from imgtrain.common.errors import ConfigError
-from imgtrain.config import schema as config
+from imgtrain.config import data as data_config
+from imgtrain.config.checkpoint import CheckpointConfig
+from imgtrain.config.data import DataConfig
 from imgtrain.config.datasets import (
     CifarConfig,
     CsvConfig,
@@ -20,28 +24,22 @@ from imgtrain.config.datasets import (
     ShardsConfig,
     SyntheticConfig,
 )
+from imgtrain.config.faults import FaultsConfig
+from imgtrain.config.loss import CrossEntropyConfig, FocalLossConfig
+from imgtrain.config.metrics import MetricsConfig
+from imgtrain.config.model import TimmModelConfig, TorchvisionModelConfig
+from imgtrain.config.optim import AdamWConfig, SGDConfig
 from imgtrain.config.renamed_keys import MOVED_KEYS
-from imgtrain.config.schema import (
-    AdamWConfig,
-    CheckpointConfig,
-    Config,
-    CrossEntropyConfig,
-    DataConfig,
-    FaultsConfig,
-    FocalLossConfig,
-    MetricsConfig,
-    SGDConfig,
-    StepDecayConfig,
-    SystemConfig,
-    TimmModelConfig,
-    TorchvisionModelConfig,
-    TrainConfig,
-    WarmupCosineConfig,
-    validate,
-)
+from imgtrain.config.schedule import StepDecayConfig, WarmupCosineConfig
+from imgtrain.config.schema import Config
+from imgtrain.config.system import SystemConfig
+from imgtrain.config.train import TrainConfig
+from imgtrain.config.validate import validate
 from imgtrain.data.batched import spec_of
 from imgtrain.data.datasets import imagenet_transforms
+from imgtrain.train import run as run_module
 from imgtrain.train.cli import one_line
+from imgtrain.train.run import run
 
 # The groups a user picks from. debug_dataset is picked by config.yaml from debug and dataset (tested below).
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "debug_dataset")
@@ -168,6 +166,8 @@ def test_every_data_key_is_overridable(override: str, key: str, expected: object
         ("optim=sgd optim._target_=torch.optim.RMSprop", "optim.nesterov is not an argument of torch.optim.RMSprop"),
         ("loss._target_=no.such.Loss", "loss._target_=no.such.Loss does not import"),
         ("schedule._target_=no.such.schedule", "schedule._target_=no.such.schedule does not import"),
+        ("model._target_=no.such.build", "model._target_=no.such.build does not import"),
+        ("optim=sgd +optim.foo=1", "optim.foo is not an argument of torch.optim.SGD"),
         ("dataset=imagefolder dataset.root=/no/such/dir", "/no/such/dir"),
     ],
 )
@@ -185,7 +185,7 @@ def test_in_order_false_needs_a_dataloader_that_has_it(monkeypatch: pytest.Monke
     class OldDataLoader:  # torch 2.5's signature, in the part that matters here
         def __init__(self, dataset: object, batch_size: int = 1, num_workers: int = 0) -> None: ...
 
-    monkeypatch.setattr(config, "DataLoader", OldDataLoader)
+    monkeypatch.setattr(data_config, "DataLoader", OldDataLoader)
     assert validate(compose_cfg()).data.in_order is True  # the default asks nothing of torch
     with pytest.raises(ConfigError) as info:
         validate(compose_cfg("data.in_order=false"))
@@ -343,3 +343,52 @@ def test_debug_fast_composes_and_validates_with_every_dataset(dataset: str, tmp_
     else:
         assert settings.train.max_steps == 8
     assert (CONF_DIR / "debug_dataset" / f"fast_{dataset}.yaml").exists()  # a new dataset gets its own size too
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["+model.depth=3"],
+            "model.depth is not a parameter of imgtrain.train.model.build_torchvision; it takes: arch, cifar_stem, "
+            "zero_init_residual, pretrained (num_classes from the run)",
+        ),
+        (
+            ["schedule=step", "+schedule.power=2"],
+            "schedule.power is not a parameter of imgtrain.train.schedules.warmup_step; it takes: warmup_epochs, "
+            "step_epochs, gamma (optimizer, steps_per_epoch, total_steps from the run)",
+        ),
+        (["loss=focal", "+loss.weight=1"], "loss.weight is not a parameter of imgtrain.train.losses.FocalLoss; it"),
+    ],
+    ids=["model", "schedule", "loss"],
+)
+def test_a_key_the_builder_does_not_take_is_one_line_before_any_data(
+    overrides: list[str], expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`+model.depth=3` used to fail once the DataLoaders were planned; a schedule's, with the builder's TypeError."""
+
+    def no_data(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the data was touched before the config was checked")
+
+    monkeypatch.setattr(run_module, "build_data", no_data)
+    with pytest.raises(ConfigError) as info:
+        run(compose_cfg(*overrides, output_dir=str(tmp_path)))
+    assert str(info.value).startswith(expected) and "\n" not in str(info.value)
+
+
+def test_a_forks_schedule_without_a_schema_is_checked_against_its_builder() -> None:
+    """A fork's conf/schedule/<name>.yaml has no schema: its keys are a plain node, checked the same way."""
+    cfg = compose_cfg()
+    cfg.schedule = OmegaConf.create({"_target_": "imgtrain.train.schedules.warmup_cosine", "step_epochs": 1})
+    with pytest.raises(ConfigError, match=r"^schedule.step_epochs is not a parameter of .*warmup_cosine; it takes"):
+        validate(cfg)
+    cfg.schedule = OmegaConf.create({"_target_": "imgtrain.train.schedules.warmup_cosine", "warmup_epochs": 1})
+    assert validate(cfg).schedule["warmup_epochs"] == 1
+
+
+def test_help_lists_the_options_not_the_schemas(tmp_path: Path) -> None:
+    """The ConfigStore's `base_...` entries are the YAML files' bases, not choices: --help leaves them out."""
+    shown = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True)
+    groups = shown.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    assert shown.returncode == 0 and "model: " in groups and "optim: adamw, sgd" in groups, shown.stdout[:2000]
+    assert "base_" not in groups

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import compose_cfg
+import yaml
+from helpers import ROOT, compose_cfg
 from imagefiles import lying_jpeg, png_file
 from PIL import Image
 from torch.utils.data import DataLoader
@@ -27,19 +28,13 @@ from torchvision.transforms import v2
 
 import imgtrain
 from imgtrain.common.errors import ConfigError
-from imgtrain.config.schema import validate
+from imgtrain.config.datasets import CifarConfig, CsvConfig, ImageFolderConfig, ShardsConfig, dataset_schemas
+from imgtrain.config.validate import validate
 from imgtrain.data import shapes
 from imgtrain.data.cifar import build_cifar
-from imgtrain.data.datasets import (
-    CorruptSampleError,
-    DatasetBundle,
-    EncodedFileDataset,
-    ImageFileDataset,
-    build_imagefolder,
-    build_shapes,
-    build_synthetic,
-)
+from imgtrain.data.datasets import DatasetBundle, build_imagefolder, build_shapes, build_synthetic
 from imgtrain.data.folders import split_indices
+from imgtrain.data.image_files import CorruptSampleError, EncodedFileDataset, ImageFileDataset
 from imgtrain.data.jpeg import jpeg_problem
 
 MEAN, STD = [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]
@@ -53,7 +48,7 @@ def shapes_bundle(root: Path, size: int = 32, augment: bool = True, seed: int = 
 def imagefolder(root: Path | str | None, **overrides) -> DatasetBundle:
     kwargs = dict(image_size=24, augment=True, val_fraction=0.25, split_seed=0, val_resize=None)
     kwargs.update(overrides)
-    return build_imagefolder("imagefolder", mean=MEAN, std=STD, root=None if root is None else str(root), **kwargs)
+    return build_imagefolder(name="imagefolder", mean=MEAN, std=STD, root=None if root is None else str(root), **kwargs)
 
 
 def check_items(dataset, size: int, num_classes: int, count: int = 3) -> None:
@@ -483,3 +478,26 @@ def test_a_float_image_outside_0_to_1_is_unreadable_not_saturated(tmp_path):
     with pytest.raises(CorruptSampleError) as caught:
         _one_file(path)[0]
     assert caught.value.reason == "float pixels from 0 to 65520, outside the 0..1 a float image is read in"
+
+
+def test_a_dataset_schema_needs_no_registration() -> None:
+    """dataset_schemas finds every DatasetConfig by its class name, and each conf/dataset/ file's base is one."""
+    schemas = dataset_schemas()
+    assert schemas["base_imagefolder"] is ImageFolderConfig and schemas["base_cifar"] is CifarConfig
+    files = sorted((ROOT / "conf" / "dataset").glob("*.yaml"))
+    bases = {str(item) for path in files for item in yaml.safe_load(path.read_text())["defaults"]} - {"_self_"}
+    assert bases and bases <= schemas.keys(), bases - schemas.keys()
+
+
+def test_a_schema_says_which_of_its_files_are_missing(tmp_path: Path) -> None:
+    assert ImageFolderConfig(root=str(tmp_path)).files_problem() is None
+    assert ImageFolderConfig(root=str(tmp_path / "no")).files_problem() == (
+        f"dataset.root={tmp_path / 'no'} is not a directory: point it at a folder of class folders"
+    )
+    assert ShardsConfig(root="s3://bucket/prefix").files_problem() is None
+    assert ShardsConfig().files_problem().startswith("dataset.root is required with dataset=shards: pass")
+    (tmp_path / "train.csv").write_text("a.jpg,cat\n")
+    assert CsvConfig(train=str(tmp_path / "train.csv")).files_problem() == (
+        "dataset.val is required with dataset=csv: pass dataset.val=<a CSV or TSV of image path and label, one row "
+        "per image>"
+    )

@@ -189,7 +189,7 @@ def test_the_compute_ceiling_with_gpu_decode_trains_on_its_device_batch(tmp_path
     """mode=compute's batch is already decoded on the device: dataset.decode=cuda leaves it alone."""
     from helpers import compose_cfg
 
-    from imgtrain.config.schema import validate
+    from imgtrain.config.validate import validate
     from imgtrain.data.pipeline import decodes_on_gpu
 
     folder = tmp_path / "folder"

@@ -10,17 +10,12 @@ from pathlib import Path
 from helpers import ROOT
 
 from imgtrain.config import reference, val_metrics
+from imgtrain.config.data import DataConfig
+from imgtrain.config.loss import CrossEntropyConfig, FocalLossConfig
+from imgtrain.config.model import TimmModelConfig, TorchvisionModelConfig
 from imgtrain.config.renamed_keys import MOVED_KEYS
-from imgtrain.config.schema import (
-    Config,
-    CrossEntropyConfig,
-    DataConfig,
-    FocalLossConfig,
-    StepDecayConfig,
-    TimmModelConfig,
-    TorchvisionModelConfig,
-    WarmupCosineConfig,
-)
+from imgtrain.config.schedule import StepDecayConfig, WarmupCosineConfig
+from imgtrain.config.schema import Config
 from imgtrain.metrics.summary import FIELDS
 
 README = (ROOT / "README.md").read_text()

@@ -11,9 +11,11 @@ import torch
 from torch.utils.data import Dataset
 
 from imgtrain.common.errors import RunError
-from imgtrain.config.schema import DataConfig, NonFinite
-from imgtrain.data.failures import explain_loader_failure, next_batch
-from imgtrain.data.loader import build_loader, plan_loader
+from imgtrain.config.data import DataConfig
+from imgtrain.config.faults import NonFinite
+from imgtrain.data.failures import explain_loader_failure, next_batch, worker_deaths_found_at_next_batch
+from imgtrain.data.loader import plan_loader
+from imgtrain.data.pipeline import build_loader
 from imgtrain.data.samples import GuardedSamples, collate
 from imgtrain.resilience.agreement import WindowReport, exchange, merge
 from imgtrain.resilience.faults import SECOND_CTRL_C_AFTER_S, Faults, Preempted, Stop, StopReason, StopSignals
@@ -51,12 +53,36 @@ def _first_batch(dataset: Dataset, **data: object) -> None:
         (signal.SIGSEGV, ["Segmentation fault", "data.num_workers=0"]),
     ],
 )
-def test_a_crashed_worker_gets_a_cause_and_a_setting(signum: int, expected: list[str]) -> None:
-    with pytest.raises(RunError) as caught:
-        _first_batch(_Faulty(signum=signum))
-    message = str(caught.value)
+def test_a_crashed_worker_gets_a_cause_and_a_setting(
+    signum: int, expected: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found at once by PyTorch's SIGCHLD handler, as in a fresh process: an in-process run earlier in the same
+    pytest process leaves SIGCHLD at its default (worker_deaths_found_at_next_batch), and PyTorch sets its handler
+    once a process, so each case would wait out PyTorch's 5 s status check (the test below takes that path once)."""
+    monkeypatch.setattr(torch.utils.data._utils.signal_handling, "_SIGCHLD_handler_set", False)
+    previous = signal.getsignal(signal.SIGCHLD)
+    try:
+        with pytest.raises(RunError) as caught:
+            _first_batch(_Faulty(signum=signum))
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+    _assert_one_line_with(str(caught.value), expected)
+
+
+def test_a_worker_killed_during_an_epoch_is_found_by_the_next_batch_and_explained(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run's path (SIGCHLD at its default during an epoch, PyTorch's handler set before it): PyTorch's status
+    check, every 5 s, finds the dead worker, and the message is the same as above."""
+    monkeypatch.setattr(torch.utils.data._utils.signal_handling, "_SIGCHLD_handler_set", True)  # not set again here
+    with worker_deaths_found_at_next_batch(), pytest.raises(RunError) as caught:
+        _first_batch(_Faulty(signum=signal.SIGKILL))
+    _assert_one_line_with(str(caught.value), ["Killed", "out-of-memory", "data.num_workers"])
+
+
+def _assert_one_line_with(message: str, parts: list[str]) -> None:
     assert "\n" not in message
-    for part in expected:
+    for part in parts:
         assert part in message, message
 
 

@@ -58,7 +58,7 @@ def _scalars(run: Path, tag: str) -> list[tuple[int, float]]:
 
 def _model(copy: Path, out: str, metrics: dict) -> None:
     # A fork's model file without a `name`: the log and metrics.json name it by its builder
-    assert "model: build_tiny_cnn, 0.1M parameters" in out and metrics["model"] == "build_tiny_cnn"
+    assert "model: build_tiny_cnn, 94.8k parameters" in out and metrics["model"] == "build_tiny_cnn"
 
 
 def _dataset(copy: Path, out: str, metrics: dict) -> None:
@@ -114,7 +114,8 @@ CLIPPED_STEP = """
 import os
 import torch
 from hydra import compose, initialize_config_dir
-from imgtrain.config.schema import Precision, validate
+from imgtrain.config.system import Precision
+from imgtrain.config.validate import validate
 from imgtrain.train.cli import register
 from imgtrain.train.step import build_step
 register()

@@ -34,8 +34,8 @@ from imgtrain.data.jpeg import EncodedBatch
 from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.samples import Batch, GuardedSamples, RawBatch, collate
 from imgtrain.data.shapes import ensure_shapes
-from imgtrain.metrics import Metrics
 from imgtrain.resilience.checkpoint import Checkpointer, checkpointer
+from imgtrain.train import loop
 from imgtrain.train.run import run
 
 pytestmark = [
@@ -441,16 +441,16 @@ def test_no_host_device_sync_between_two_logging_windows(
         torch.ones(1, device=CUDA).item()
     torch.cuda.set_sync_debug_mode(0)
     windows = []
-    real_close_window = Metrics._close_window
+    real_close_window = loop.close_window
 
-    def close_window(self: Metrics, step: int) -> None:
-        torch.cuda.set_sync_debug_mode(0)  # the window itself reads the loss back: that sync is the design
-        real_close_window(self, step)
+    def close_window(parts: loop.Components, step: int) -> None:
+        torch.cuda.set_sync_debug_mode(0)  # the window reads the loss back (and the faults its NaN flag): by design
+        real_close_window(parts, step)
         windows.append(step)
         if len(windows) == 2:  # from the end of the second window to the start of the third: every step checked
             torch.cuda.set_sync_debug_mode("error")
 
-    monkeypatch.setattr(Metrics, "_close_window", close_window)
+    monkeypatch.setattr(loop, "close_window", close_window)
     resampled = []  # the batches cropped on the GPU (data.augment_on=device): the spy calls through
     real_resampled = RawBatch.resampled
     monkeypatch.setattr(RawBatch, "resampled", lambda self: resampled.append(1) or real_resampled(self))

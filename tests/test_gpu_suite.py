@@ -18,7 +18,7 @@ import pytest
 import torch
 from helpers import ROOT, compose_cfg
 
-from imgtrain.config.schema import validate
+from imgtrain.config.validate import validate
 from imgtrain.metrics.spread import MIN_WINDOWS
 
 GPU_SOURCES = [ROOT / "tests" / name for name in ("test_gpu.py", "test_gpu_augment.py", "test_profiling.py")]

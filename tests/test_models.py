@@ -21,9 +21,10 @@ from helpers import compose_cfg
 from shardhelpers import failure
 
 from imgtrain.common.errors import ConfigError
-from imgtrain.config.schema import validate
+from imgtrain.config.validate import validate
 from imgtrain.host import optional
-from imgtrain.train.model import build_timm, build_torchvision, check_model
+from imgtrain.train.model import build_timm, build_torchvision
+from imgtrain.train.placement import check_model, parameters_text
 from imgtrain.train.run import run
 
 needs_timm = pytest.mark.skipif(optional.missing("timm"), reason="model=timm needs pip install -e '.[timm]'")
@@ -329,3 +330,9 @@ def test_a_missing_timm_is_one_line_with_the_install_command(tmp_path: Path, mon
     assert isinstance(error, optional.MissingEngine)
     assert str(error).startswith("model=timm needs timm, which cannot be imported here")
     assert "pip install -e '.[timm]'" in str(error)
+
+
+def test_the_log_gives_a_models_parameters_to_3_significant_figures() -> None:
+    """A 0.01M-parameter model read "0.0M" at one decimal."""
+    said = [parameters_text(n) for n in (10, 12_345, 999_999, 11_689_512, 25_557_032, 1_234_567_890)]
+    assert said == ["10", "12.3k", "1M", "11.7M", "25.6M", "1.23G"]

@@ -1,4 +1,5 @@
-"""Tests for imgtrain.monitor (ResourceMonitor, NVML device mapping) and imgtrain.metrics (MetricsLogger)."""
+"""Tests for imgtrain.metrics.monitor (ResourceMonitor, NVML device mapping) and imgtrain.metrics.tensorboard
+(MetricsLogger)."""
 
 from __future__ import annotations
 

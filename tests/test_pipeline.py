@@ -11,11 +11,11 @@ import torch
 from helpers import FAST, compose_cfg, read_metrics
 from torch.utils.data import Dataset
 
-from imgtrain.config.schema import validate
+from imgtrain.config.validate import validate
 from imgtrain.data import stages
 from imgtrain.data.datasets import build_shapes
 from imgtrain.data.feed import Feed
-from imgtrain.data.pipeline import Planner
+from imgtrain.data.loader import plan_loader
 from imgtrain.data.samples import GuardedSamples, collate
 from imgtrain.host import dist
 from imgtrain.host.cpus import CpuBudget
@@ -232,9 +232,9 @@ def test_a_slow_dataset_makes_tune_choose_more_workers_than_a_fast_one(monkeypat
     feed = Feed(torch.device("cpu"), torch.zeros(1, 3, 1, 1), torch.ones(1, 3, 1, 1), torch.contiguous_format, False)
     info = dist.DistInfo(rank=0, local_rank=0, world_size=1, local_world_size=1)
     model_rate = lambda seconds: Rate(300.0, None, 1)  # noqa: E731 - images/s: 10 ms per image is far too slow
-    planner = Planner.for_run(settings.data, "cpu", info)
-    slow = tune.tune_workers(Images(0.01), settings, planner, feed, info, model_rate)
-    fast = tune.tune_workers(Images(0.0), settings, planner, feed, info, model_rate)
+    plan = lambda workers: plan_loader(settings.data, train=True, device_type="cpu", workers=workers)  # noqa: E731
+    slow = tune.tune_workers(Images(0.01), settings, plan, feed, info, model_rate)
+    fast = tune.tune_workers(Images(0.0), settings, plan, feed, info, model_rate)
     assert [row["num_workers"] for row in slow["table"]] == [0, 1, 2]
     assert fast["chosen"] == 0 and fast["table"][0]["images_per_sec"] > 375  # ahead without workers
     rates = [row["images_per_sec"] for row in slow["table"]]

@@ -13,7 +13,8 @@ import pytest
 import torch
 from helpers import compose_cfg
 
-from imgtrain.config.schema import DataConfig, validate
+from imgtrain.config.data import DataConfig
+from imgtrain.config.validate import validate
 from imgtrain.data import decoders
 from imgtrain.data.loader import plan_loader
 from imgtrain.data.pipeline import build_data

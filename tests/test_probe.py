@@ -17,9 +17,10 @@ from torch._dynamo.backends.distributed import DDPOptimizer
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 
-from imgtrain.config.schema import Precision, validate
+from imgtrain.config.system import Precision
+from imgtrain.config.validate import validate
 from imgtrain.host.dist import DistInfo
-from imgtrain.train.model import prepare_model
+from imgtrain.train.placement import prepare_model
 from imgtrain.train.probe import ModelProbe
 from imgtrain.train.run import run
 from imgtrain.train.step import build_step

@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import FAST, compose_cfg
 
-from imgtrain.config.schema import MetricsConfig
+from imgtrain.config.metrics import MetricsConfig
 from imgtrain.host.dist import DistInfo
 from imgtrain.metrics.profiling import PREFIX, RANGES, Profiler, no_range
 from imgtrain.train.run import run

@@ -6,7 +6,7 @@ from __future__ import annotations
 from helpers import ROOT, compose_cfg
 from omegaconf import OmegaConf
 
-from imgtrain.config.schema import validate
+from imgtrain.config.validate import validate
 
 README = (ROOT / "README.md").read_text()
 HEADING = "## Recipes: what torchvision's and timm's users train with"

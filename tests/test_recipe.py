@@ -19,8 +19,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from imgtrain.config.schema import TrainConfig, validate
+from imgtrain.config.train import TrainConfig
 from imgtrain.config.val_metrics import VAL_METRICS, batch_sums, field, summary_fields
+from imgtrain.config.validate import validate
 from imgtrain.metrics.processor import Metrics
 from imgtrain.resilience.checkpoint import Checkpointer, Progress
 from imgtrain.resilience.faults import Preempted
@@ -275,13 +276,13 @@ def test_a_run_with_a_plain_optimizer_entry_focal_loss_step_decay_mixing_and_ema
     cutmix, and an EMA that best.pt follows: the loss gets the mixed targets, train accuracy the hard labels, and
     validation reports the model and its EMA, in metrics.json, TensorBoard and the console."""
     seen = {"targets": set(), "labels": set()}
-    forward, step = Step.forward, Metrics.step
+    forward, step = Step.forward, Metrics.on_step_end
     monkeypatch.setattr(
         Step, "forward", lambda self, m, x, t, **k: seen["targets"].add(t.ndim) or forward(self, m, x, t, **k)
     )
     monkeypatch.setattr(
         Metrics,
-        "step",
+        "on_step_end",
         lambda self, n, loss, y, labels: seen["labels"].add(labels.ndim) or step(self, n, loss, y, labels),
     )
     cfg = compose_cfg(*TINY, *MIXED, "loss=focal", "schedule=step", "schedule.step_epochs=1", "train.epochs=2",

@@ -10,7 +10,7 @@ import pytest
 from helpers import compose_cfg
 
 from imgtrain.common.errors import ConfigError
-from imgtrain.train.model import resolve_precision
+from imgtrain.train.placement import resolve_precision
 from imgtrain.train.run import NotMeasured, run
 
 SYNTHETIC = [

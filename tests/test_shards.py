@@ -22,12 +22,12 @@ from shardhelpers import failure, pack, shards_args
 pytest.importorskip("litdata", reason="dataset=shards needs the shards extra: pip install -e '.[shards]'")
 
 from imgtrain.common.errors import ConfigError  # noqa: E402
+from imgtrain.config.data import DataConfig  # noqa: E402
 from imgtrain.config.fields import AugmentOn  # noqa: E402
-from imgtrain.config.schema import DataConfig  # noqa: E402
 from imgtrain.data.datasets import eval_transform  # noqa: E402
 from imgtrain.data.folders import folder_splits  # noqa: E402
 from imgtrain.data.loader import plan_loader  # noqa: E402
-from imgtrain.data.pipeline import make_loader  # noqa: E402
+from imgtrain.data.pipeline import build_loader  # noqa: E402
 from imgtrain.data.samples import RawBatch  # noqa: E402
 from imgtrain.data.shapes import ensure_shapes  # noqa: E402
 from imgtrain.data.shards import convert as converter  # noqa: E402
@@ -206,7 +206,7 @@ def test_with_decode_cuda_workers_hand_over_the_stored_jpeg_bytes(shards: Path, 
     names of the images (the GPU half is tests/test_gpu.py)."""
     split = shard_split(shards, "val", gpu_decode=True)
     plan = plan_loader(DataConfig(num_workers=0, batch_size=16), train=False, device_type="cpu")
-    batches = list(make_loader(split, plan, train=False, seed=0))
+    batches = list(build_loader(split, plan, train=False, seed=0))
     images = [image for batch in batches for image in batch.images.files()]  # one byte buffer per batch
     names = [name for batch in batches for name in batch.sources]
     assert len(images) == len(names) == 64 and all(image.dtype == torch.uint8 for image in images)
@@ -241,7 +241,7 @@ def test_shard_batches_are_cropped_as_one_batch_in_the_workers_or_on_the_device(
     for place in (AugmentOn.workers, AugmentOn.device):
         data = DataConfig(num_workers=0, val_batch_size=16, augment_on=place)
         plan = plan_loader(data, train=False, device_type="cpu")
-        batches[place] = list(make_loader(split, plan, train=False, seed=0))
+        batches[place] = list(build_loader(split, plan, train=False, seed=0))
     in_workers, on_device = batches[AugmentOn.workers], batches[AugmentOn.device]
     assert len(in_workers) == len(on_device) == 4
     for cropped, raw in zip(in_workers, on_device, strict=True):
@@ -346,7 +346,7 @@ def test_shards_check_each_image_against_max_image_pixels_before_decoding(shards
     split = shard_split(shards, "val", eval_transform(24), gpu_decode=gpu_decode)
     split.max_pixels = 32 * 32 - 1
     plan = plan_loader(DataConfig(num_workers=0, val_batch_size=16), train=False, device_type="cpu")
-    batches = list(make_loader(split, plan, train=False, seed=0))
+    batches = list(build_loader(split, plan, train=False, seed=0))
     reasons = {reason for batch in batches for _, reason in batch.skipped}
     assert all(batch.images is None for batch in batches) and sum(len(batch.skipped) for batch in batches) == 64
     assert reasons == {"32x32 pixels (0.00102 MP) is above dataset.max_image_pixels=1023; not decoded"}

@@ -4,6 +4,7 @@ example trained as written), through the template's guard, stage timings and bat
 from __future__ import annotations
 
 import ast
+import inspect
 import logging
 import pickle
 import re
@@ -20,11 +21,11 @@ from test_datasets import LEVELS
 from torch.utils.data import Dataset
 
 from imgtrain.common.errors import ConfigError, RunError
-from imgtrain.config.schema import validate
+from imgtrain.config.validate import validate
 from imgtrain.data.csv_rows import csv_splits, read_rows
-from imgtrain.data.datasets import CorruptSampleError
 from imgtrain.data.decoders import decode_bytes
-from imgtrain.data.user_datasets import UserDataset, build_custom
+from imgtrain.data.image_files import CorruptSampleError
+from imgtrain.data.user_datasets import UserDataset, build_csv, build_custom
 from imgtrain.train.run import run
 
 MEAN, STD = [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]
@@ -141,6 +142,15 @@ def _readme_example() -> tuple[str, str, str]:
     module = re.match(r"# (\w+)\.py", source).group(1)
     (cls,) = [node.name for node in ast.parse(source).body if isinstance(node, ast.ClassDef)]
     return module, cls, source
+
+
+def test_the_readme_file_builder_is_dataset_csvs_own() -> None:
+    """The README's builder of image files, after the Dataset class, is build_csv's code line for line (its comment
+    aside), so the three lines it shows a fork stay true."""
+    section = (ROOT / "README.md").read_text().split("## A dataset of your own", 1)[1].split("\n## ", 1)[0]
+    shown = re.findall(r"```python\n(.*?)```", section, re.S)[1]
+    code = inspect.getsource(build_csv)
+    assert all(line.split("  #")[0] in code for line in shown.splitlines())
 
 
 def test_the_readme_example_trains_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,12 @@
-"""The dataset schemas: one per builder that `hydra.utils.instantiate` calls (`dataset=<name>`)."""
+"""The dataset schemas: one per builder that `hydra.utils.instantiate` calls (`dataset=<name>`).
+
+A schema defined here needs no registration: `dataset_schemas` finds every DatasetConfig, and its YAML file
+(conf/dataset/<name>.yaml) names it as its base, `base_<its class name less Config, lowercase>`.
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -75,6 +80,24 @@ class DatasetConfig:
             return f"dataset.decode=cuda crops and flips on the GPU only, not {asked}: use dataset.decode=cpu, {plain}"
         return None
 
+    def files_problem(self) -> str | None:
+        """Why the files this dataset reads are not there (one line), checked before any data is touched; else None."""
+        return None
+
+
+def dataset_schemas() -> dict[str, type[DatasetConfig]]:
+    """Every dataset schema (DatasetConfig's subclasses, here and in any module imported), by the name its YAML file
+    names as its base: ImageFolderConfig is base_imagefolder. `register_configs` stores them all."""
+    found: dict[str, type[DatasetConfig]] = {}
+
+    def add(parent: type[DatasetConfig]) -> None:
+        for cls in parent.__subclasses__():
+            found[f"base_{cls.__name__.removesuffix('Config').lower()}"] = cls
+            add(cls)
+
+    add(DatasetConfig)
+    return found
+
 
 @dataclass
 class ShapesConfig(DatasetConfig):
@@ -126,6 +149,13 @@ class ImageFolderConfig(DatasetConfig):
     # PIL's own guard follows it. Default: PIL's limit (89.5 MP); null = no limit
     max_image_pixels: int | None = checked(MAX_IMAGE_PIXELS, at_least(1, note="pixels", null="no limit"))
 
+    def files_problem(self) -> str | None:
+        if not self.root:
+            return "dataset.root is required with dataset=imagefolder: pass dataset.root=/path/to/images"
+        if not os.path.isdir(os.path.expanduser(self.root)):
+            return f"dataset.root={self.root} is not a directory: point it at a folder of class folders"
+        return None
+
 
 @dataclass
 class ShardsConfig(DatasetConfig):
@@ -151,6 +181,16 @@ class ShardsConfig(DatasetConfig):
     cache_dir: str = "${data_dir}/shard-cache"
     cache_limit_gb: float | None = checked(None, at_least(0.001, "GB", null="LitData's default"))
     timeout_s: float = checked(10.0, lambda v: None if v > 0 else "expected seconds > 0")  # per request, 2 tries
+
+    def files_problem(self) -> str | None:
+        if not self.root:
+            return (
+                "dataset.root is required with dataset=shards: pass dataset.root=<directory or s3://bucket/prefix> "
+                "written by `imgtrain-shards <image folder> <destination>`"
+            )
+        if not self.root.startswith("s3://") and not os.path.isdir(os.path.expanduser(self.root)):
+            return f"dataset.root={self.root} is not a directory: point it at what imgtrain-shards wrote"
+        return None
 
 
 @dataclass
@@ -182,6 +222,14 @@ class CsvConfig(DatasetConfig):
     # a file whose header claims more pixels is unreadable (counted against data.max_bad_samples), never decoded;
     # PIL's own guard follows it. Default: PIL's limit (89.5 MP); null = no limit
     max_image_pixels: int | None = checked(MAX_IMAGE_PIXELS, at_least(1, note="pixels", null="no limit"))
+
+    def files_problem(self) -> str | None:
+        for key in ("train", "val"):  # each split's CSV (data/csv_rows.py)
+            file = getattr(self, key)
+            if not file or not os.path.isfile(os.path.expanduser(file)):
+                given = f"dataset.{key}={file} is not a file" if file else f"dataset.{key} is required with dataset=csv"
+                return f"{given}: pass dataset.{key}=<a CSV or TSV of image path and label, one row per image>"
+        return None
 
 
 @dataclass

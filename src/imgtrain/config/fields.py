@@ -1,6 +1,7 @@
 """The building blocks of the config schemas: choices (Enums OmegaConf checks) and fields with range checks.
 
-`fields` → `datasets` → `schema`: each schema module imports only the ones before it.
+`fields` → a group's schema (`data`, `model`, `optim`, ..., `datasets`) → `schema` (Config) → `validate`: each
+imports only the ones before it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 AUTO = "auto"
 TUNE = "tune"  # data.num_workers=tune: probe the loader at a few worker counts before training
+SECONDS = "expected seconds > 0"  # what a duration's check says it accepts
 
 
 class Choice(str, Enum):

@@ -1,9 +1,9 @@
 """Write docs/configuration-reference.md from the config schemas: `make docs` (python -m imgtrain.config.reference).
 
 Every key of every group, with its type or choices, its default and the comment on its line in the schema's
-source (schema.py, datasets.py), and every option of every group in conf/. tests/test_docs.py regenerates it and
-compares, so a new key needs no hand-written row: run `make docs` and commit the file. Nothing imports this
-module at run time.
+source (config/<group>.py, datasets.py), and every option of every group in conf/. tests/test_docs.py regenerates
+it and compares, so a new key needs no hand-written row: run `make docs` and commit the file. Nothing imports
+this module at run time.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from imgtrain.config import schema
+from imgtrain.config.datasets import dataset_schemas
 
 ROOT = Path(__file__).resolve().parents[3]
 TARGET = ROOT / "docs" / "configuration-reference.md"
@@ -150,7 +151,7 @@ def _stored() -> dict[str, type]:
             name, schema_node = words["name"], words["node"]
             if isinstance(name, ast.Constant) and isinstance(schema_node, ast.Name):
                 stored[name.value] = getattr(schema, schema_node.id)
-    return stored
+    return stored | dataset_schemas()  # stored in a loop: every DatasetConfig
 
 
 def _option(path: Path, stored: dict[str, type]) -> tuple[type | None, str]:

@@ -1,5 +1,8 @@
 """Dataset builders: each returns a DatasetBundle whose items are (uint8 tensor [3, S, S], int label).
 
+A builder is the `_target_` of its schema (config/datasets.py), which `hydra.utils.instantiate` calls with the
+schema's keys: one that reads image files lists them and hands the rest to `file_bundle`, one that holds its images
+in memory to `tensor_bundle`. The datasets themselves: data/image_files.py, data/in_memory.py.
 Workers only decode and augment uint8 tensors; conversion to float and normalisation with `mean`/`std`
 happen on the device in the training loop (4x less shared-memory traffic than float32 batches).
 Every transform is a module-level torchvision object, so datasets pickle for spawn and forkserver workers.
@@ -8,29 +11,19 @@ Every transform is a module-level torchvision object, so datasets pickle for spa
 from __future__ import annotations
 
 import os
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
-import torchvision.transforms.v2.functional as F
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
 from imgtrain.config.datasets import IMAGENET_MEAN, MAX_IMAGE_PIXELS, AugmentPolicy
-from imgtrain.data import batched, decoders, shapes, stages
-from imgtrain.data.decoders import DECODE_ERRORS, decode_bytes, error_reason, read_file
+from imgtrain.data import decoders, shapes
 from imgtrain.data.folders import folder_splits, list_images
-from imgtrain.data.jpeg import EncodedJpeg, jpeg_problem
-
-
-class CorruptSampleError(Exception):
-    """An image file that cannot be read or decoded: its path and why; the message is "path: reason"."""
-
-    def __init__(self, path: str, reason: str = "") -> None:  # one argument: how DataLoader re-raises it
-        super().__init__(f"{path}: {reason}" if reason else path)
-        self.path, self.reason = path, reason
+from imgtrain.data.image_files import EncodedFileDataset, ImageFileDataset
+from imgtrain.data.in_memory import TensorImageDataset
 
 
 @dataclass
@@ -116,8 +109,8 @@ def eval_transform(image_size: int, resize: int | None = None) -> v2.Compose:
 
 def imagenet_transforms(
     image_size: int,
-    val_resize: int | None,
-    augment: str | bool,
+    val_resize: int | None = None,
+    augment: str | bool = AugmentPolicy.rrc_flip,
     *,
     randaugment_ops: int = 2,
     randaugment_magnitude: int = 9,
@@ -155,148 +148,77 @@ def square_resize(image_size: int) -> v2.Resize:
     return v2.Resize((image_size, image_size), antialias=True)  # a no-op when the size already matches
 
 
-# ----------------------------------------------------------------------------- datasets
-class ImageFileDataset(Dataset):
-    """Lazily decoded image files with integer labels, shared by `shapes`, `imagefolder` and `csv`. A file whose
-    header claims more than `max_pixels` pixels (dataset.max_image_pixels; None: no limit) is unreadable."""
-
-    def __init__(
-        self,
-        paths: list[str],
-        labels: list[int],
-        classes: list[str],
-        transform: Any,
-        max_pixels: int | None = MAX_IMAGE_PIXELS,
-    ) -> None:
-        # numpy arrays, not a list of (path, label) tuples: each worker touching refcounted python objects
-        # would copy their pages (copy-on-write), multiplying RAM by num_workers + 1. Bytes, not np.str_,
-        # which stores 4 bytes per character.
-        self.paths = np.array([os.fsencode(p) for p in paths], dtype=np.bytes_)
-        self.labels = np.array(labels, dtype=np.int64)
-        self.classes = list(classes)
-        self.transform = transform
-        self.max_pixels = max_pixels
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def path(self, index: int) -> str:
-        """The file behind item `index`."""
-        return os.fsdecode(self.paths[index])
-
-    @property
-    def crop_spec(self) -> batched.CropSpec | None:
-        """The transform as one call for a whole batch (data/batched.py), or None: then each sample is transformed
-        on its own by `__getitem__`."""
-        return batched.spec_of(self.transform)
-
-    def decoded(self, index: int) -> tuple[torch.Tensor, int]:
-        """Item `index` read and decoded, not transformed: uint8 [3, H, W] and its label (read and decode timed)."""
-        path = self.path(index)
-        started = time.perf_counter()
-        try:
-            data = read_file(path)
-            read = time.perf_counter()
-            raw = decode_bytes(data, path, self.max_pixels)
-        except DECODE_ERRORS as error:
-            raise CorruptSampleError(path, error_reason(error)) from None
-        stages.record(read - started, time.perf_counter() - read)
-        return raw, int(self.labels[index])
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        raw, label = self.decoded(index)
-        read, decode, _ = stages.take()
-        started = time.perf_counter()
-        image = self.transform(raw).contiguous()
-        stages.record(read, decode, time.perf_counter() - started)
-        return image, label
+# ----------------------------------------------------------------------------- the bundles builders return
+Split = tuple[list[str], list[int]]  # one split of image files: their paths and labels
 
 
-class EncodedFileDataset(ImageFileDataset):
-    """JPEG files as undecoded bytes (dataset.decode=cuda): the training process decodes whole batches on the
-    GPU and applies `transform` there, so workers only read files (and check their markers and size)."""
-
-    crop_spec = None  # the GPU decodes and transforms whole batches (data/gpu_decode.py)
-
-    def __getitem__(self, index: int) -> tuple[EncodedJpeg, int]:
-        path = self.path(index)
-        started = time.perf_counter()
-        try:
-            with open(path, "rb") as f:
-                raw = bytearray(f.read())
-        except OSError as error:
-            raise CorruptSampleError(path, str(error.strerror or error)) from None
-        problem = jpeg_problem(raw, self.max_pixels)
-        if problem:
-            raise CorruptSampleError(path, problem)
-        stages.record(read=time.perf_counter() - started)  # decoding is timed on the GPU (gpu_decode)
-        return EncodedJpeg(torch.frombuffer(raw, dtype=torch.uint8), path), int(self.labels[index])
+def bundle(
+    train: Dataset, val: Dataset, classes: list[str], *, name: str, image_size: int, mean: Any, std: Any
+) -> DatasetBundle:
+    """The DatasetBundle of a training and a validation dataset and their class names."""
+    return DatasetBundle(train, val, len(classes), image_size, triple(mean), triple(std), name, list(classes))
 
 
-class TensorImageDataset(Dataset):
-    """Images already in memory as one uint8 tensor [N, 3, H, W], with an optional transform."""
+def file_bundle(
+    listing: tuple[Any, Any, list[str]],
+    *,
+    name: str,
+    image_size: int,
+    mean: Any,
+    std: Any,
+    decode: str | None = None,
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+    transforms: tuple[Any, Any] | None = None,
+    dataset: Callable[[Any, Any], Dataset] | None = None,
+    **keys: Any,
+) -> DatasetBundle:
+    """The builder of every dataset that reads image files: its own builder lists (train, val, classes), each split
+    a `Split`, and passes its schema's other keys on, `return file_bundle(my_listing(root), **keys)`.
 
-    def __init__(self, images: torch.Tensor, labels: np.ndarray, classes: list[str], transform: Any = None):
-        self.images = images
-        self.labels = np.asarray(labels, dtype=np.int64)
-        self.classes = list(classes)
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    @property
-    def batchable(self) -> bool:
-        """Whether `batch_items` can transform a whole batch at once (the transforms CIFAR and synthetic use)."""
-        return _tensor_batch_steps(self.transform, self.images.shape[-1]) is not None
-
-    def batch_items(self, indices: list[int], seeds: list[int], timed: bool) -> list[tuple]:
-        """A batch's samples at once, as GuardedSamples gives them: one gather, then the transform applied to the
-        batch (CIFAR's padded crop and flip drawn from each sample's seed, data/batched.py) instead of per image."""
-        started = time.perf_counter()
-        pad, size = _tensor_batch_steps(self.transform, self.images.shape[-1])
-        images = self.images[torch.as_tensor(indices)]
-        if pad is not None:
-            images = batched.pad_crop_flip(images, torch.as_tensor(seeds, dtype=torch.int64), pad)
-        if size is not None and size != images.shape[-1]:
-            images = F.resize(images, [size, size], antialias=True)
-        share = (time.perf_counter() - started) / len(indices)
-        times = (0.0, 0.0, share, share) if timed else None  # in memory: nothing to read or decode
-        return [(image, int(label), (), times) for image, label in zip(images, self.labels[indices], strict=True)]
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        started = time.perf_counter()
-        image = self.images[index]
-        if self.transform is not None:
-            image = self.transform(image)
-        image = image.contiguous()
-        stages.record(augment=time.perf_counter() - started)  # in memory: nothing to read or decode
-        return image, int(self.labels[index])
+    The transforms: `transforms` (train, val), or `imagenet_transforms` of `keys` (augment, val_resize,
+    val_image_size, randaugment_ops, randaugment_magnitude, random_erasing). The workers read and decode the files
+    (after a check that a CPU decoder exists; decode=None: the dataset has no dataset.decode key), or with
+    decode="cuda" read them as bytes for the GPU to decode. `dataset(split, transform)`: each split's Dataset when
+    a split is not image files (dataset=custom: the user's Dataset)."""
+    train, val, classes = listing
+    train_tf, val_tf = transforms or imagenet_transforms(image_size, mean=triple(mean), **keys)
+    if dataset is None:
+        dataset = _file_dataset(name, decode, max_image_pixels, classes)
+    return bundle(dataset(train, train_tf), dataset(val, val_tf), classes, **_bundle_keys(name, image_size, mean, std))
 
 
-def _tensor_batch_steps(transform: Any, side: int) -> tuple[int | None, int | None] | None:
-    """(padding of a random crop with flip, square resize side) when `transform` is one of those CIFAR and
-    synthetic use: none, a square Resize, or RandomCrop(side, padding) + RandomHorizontalFlip(0.5) [+ Resize]."""
-    steps = (
-        list(transform.transforms) if isinstance(transform, v2.Compose) else [] if transform is None else [transform]
-    )
-    size = None
-    if steps and isinstance(steps[-1], v2.Resize) and batched.square_bilinear_resize(steps[-1]):
-        size = steps.pop().size[0]
-    if not steps:
-        return None, size
-    if len(steps) == 2 and isinstance(steps[0], v2.RandomCrop) and isinstance(steps[1], v2.RandomHorizontalFlip):
-        crop, flip = steps
-        padding = crop.padding
-        even = isinstance(padding, int) or (padding is not None and len(set(padding)) == 1)
-        zeros = crop.padding_mode == "constant" and crop.fill in (0, {})
-        if list(crop.size) == [side, side] and even and zeros and flip.p == 0.5:
-            return (padding if isinstance(padding, int) else padding[0]), size
-    return None
+def _file_dataset(name: str, decode: str | None, max_pixels: int | None, classes: list[str]) -> Callable:
+    """How a `Split` and its transform become a Dataset of image files."""
+    if decode != "cuda":  # nvJPEG decodes on the GPU: no CPU decoder needed
+        decoders.check(f"dataset={name}", "" if decode is None else "use dataset.decode=cuda on a GPU")
+    files = EncodedFileDataset if decode == "cuda" else ImageFileDataset
+    return lambda split, transform: files(*split, classes, transform, max_pixels)
 
 
-# ----------------------------------------------------------------------------- listing image folders
-# ----------------------------------------------------------------------------- builders
+def tensor_bundle(
+    train: tuple[torch.Tensor, Any],
+    val: tuple[torch.Tensor, Any],
+    classes: list[str],
+    *,
+    name: str,
+    image_size: int,
+    mean: Any,
+    std: Any,
+    **keys: Any,
+) -> DatasetBundle:
+    """The builder of every dataset held in memory: (uint8 images [N, 3, S, S], N labels) per split. No crop or flip;
+    the policy of dataset.augment and random erasing per training sample (`policy_steps` of `keys`: augment,
+    randaugment_ops, randaugment_magnitude, random_erasing)."""
+    train_set = TensorImageDataset(*train, classes, with_steps(None, policy_steps(mean=mean, **keys)))
+    return bundle(train_set, TensorImageDataset(*val, classes), classes, **_bundle_keys(name, image_size, mean, std))
+
+
+def _bundle_keys(name: str, image_size: int, mean: Any, std: Any) -> dict[str, Any]:
+    """The schema's keys that `bundle` takes, besides the datasets."""
+    return {"name": name, "image_size": image_size, "mean": mean, "std": std}
+
+
+# ----------------------------------------------------------------------------- the template's datasets
 def build_shapes(
     name: str,
     image_size: int,
@@ -322,16 +244,9 @@ def build_shapes(
     keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
     keys |= {"random_erasing": random_erasing, "mean": mean}
     train_tf = training_transform(image_size, square_resize(image_size), augment, min_scale=0.6, **keys)
-    return DatasetBundle(
-        train=ImageFileDataset(train_paths, train_labels, classes, train_tf),
-        val=ImageFileDataset(val_paths, val_labels, classes, square_resize(image_size)),
-        num_classes=len(classes),
-        image_size=image_size,
-        mean=triple(mean),
-        std=triple(std),
-        name=name,
-        classes=classes,
-    )
+    listing = ((train_paths, train_labels), (val_paths, val_labels), classes)
+    transforms = (train_tf, square_resize(image_size))
+    return file_bundle(listing, transforms=transforms, **_bundle_keys(name, image_size, mean, std))
 
 
 def build_synthetic(
@@ -351,64 +266,24 @@ def build_synthetic(
     """Random uint8 images and labels held in memory: measures compute without any decode cost. No crop or flip; a
     policy and random erasing (dataset.augment, dataset.random_erasing) apply per sample, to time them alone."""
     gen = torch.Generator().manual_seed(seed)
-    classes = [f"class_{i}" for i in range(num_classes)]
 
-    def make(n: int, transform: Any = None) -> TensorImageDataset:
+    def make(n: int) -> tuple[torch.Tensor, Any]:
         images = torch.randint(0, 256, (n, 3, image_size, image_size), generator=gen, dtype=torch.uint8)
-        labels = torch.randint(0, num_classes, (n,), generator=gen).numpy()
-        return TensorImageDataset(images, labels, classes, transform)
+        return images, torch.randint(0, num_classes, (n,), generator=gen).numpy()
 
     keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
-    train = make(num_train, with_steps(None, policy_steps(augment, random_erasing=random_erasing, mean=mean, **keys)))
-    return DatasetBundle(train, make(num_val), num_classes, image_size, triple(mean), triple(std), name, classes)
+    keys |= {"augment": augment, "random_erasing": random_erasing}
+    classes = [f"class_{i}" for i in range(num_classes)]
+    return tensor_bundle(make(num_train), make(num_val), classes, **_bundle_keys(name, image_size, mean, std), **keys)
 
 
 def build_imagefolder(
-    name: str,
-    image_size: int,
-    mean: Any,
-    std: Any,
-    augment: str | bool,
-    root: str | None,
-    val_fraction: float,
-    split_seed: int,
-    val_resize: int | None,
-    decode: str = "cpu",
-    randaugment_ops: int = 2,
-    randaugment_magnitude: int = 9,
-    random_erasing: float = 0.0,
-    val_image_size: int | None = None,
-    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+    root: str | None, val_fraction: float, split_seed: int, decode: str = "cpu", **keys: Any
 ) -> DatasetBundle:
-    """root/train/<class>/* and root/val/<class>/*, or root/<class>/* split by val_fraction.
-
-    `validate` has checked that root is a directory; the layout is checked here.
-    """
+    """root/train/<class>/* and root/val/<class>/*, or root/<class>/* split by val_fraction (data/folders.py);
+    `keys`: file_bundle's. `validate` has checked that root is a directory; the layout is checked here."""
     root = os.path.abspath(os.path.expanduser(root))
-    (train_paths, train_labels), (val_paths, val_labels), classes = folder_splits(root, val_fraction, split_seed)
-    train_tf, val_tf = imagenet_transforms(
-        image_size,
-        val_resize,
-        augment,
-        randaugment_ops=randaugment_ops,
-        randaugment_magnitude=randaugment_magnitude,
-        random_erasing=random_erasing,
-        mean=triple(mean),
-        val_image_size=val_image_size,
-    )
-    if decode != "cuda":  # nvJPEG decodes on the GPU: no CPU decoder needed
-        decoders.check(f"dataset={name}", alternative="use dataset.decode=cuda on a GPU")
-    files = EncodedFileDataset if decode == "cuda" else ImageFileDataset
-    return DatasetBundle(
-        train=files(train_paths, train_labels, classes, train_tf, max_image_pixels),
-        val=files(val_paths, val_labels, classes, val_tf, max_image_pixels),
-        num_classes=len(classes),
-        image_size=image_size,
-        mean=triple(mean),
-        std=triple(std),
-        name=name,
-        classes=classes,
-    )
+    return file_bundle(folder_splits(root, val_fraction, split_seed), decode=decode, **keys)
 
 
 def triple(values: Any) -> tuple[float, float, float]:

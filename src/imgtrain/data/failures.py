@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 
 from imgtrain.common.errors import RunError
-from imgtrain.config.schema import DataConfig
+from imgtrain.config.data import DataConfig
 
 
 class LoaderFailed(RunError):

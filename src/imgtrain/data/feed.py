@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from imgtrain.common.errors import ConfigError, RunError
 from imgtrain.data import batched
@@ -172,30 +172,6 @@ class DeviceBatches:
 
 
 # ----------------------------------------------------------------------------- device-resident data
-def materialize(
-    dataset: Dataset, transform: Any, device: torch.device, workers: int, start_method: str | None = None
-) -> tuple[torch.Tensor, torch.Tensor, tuple[tuple[str, str], ...]]:
-    """Decode a whole dataset once with a deterministic `transform`: (uint8 images [N,3,S,S], labels [N], the
-    unreadable files left out as (path, reason)). Through GuardedSamples and collate, as the DataLoader path reads
-    (whole batches cropped at once), with unreadable files dropped as validation drops them. `start_method`: how
-    the workers start, the plan's (forkserver under torchrun, see data/loader.py)."""
-    fixed = copy.copy(dataset)
-    fixed.transform = transform
-    samples = GuardedSamples(fixed, replace=False, timed=False)
-    context = start_method if workers else None
-    loader = DataLoader(
-        samples, batch_size=256, num_workers=workers, multiprocessing_context=context, collate_fn=collate
-    )
-    batches = list(loader)
-    skipped = tuple(record for batch in batches for record in batch.skipped)
-    kept = [batch for batch in batches if batch.images is not None]
-    if not kept:
-        shown = f" (e.g. {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
-        raise RunError(f"data.device_resident=true: no training image could be read{shown}")
-    images, labels = torch.cat([b.images for b in kept]), torch.cat([b.labels for b in kept])
-    return images.to(device), labels.to(device), skipped
-
-
 def check_budget(skipped: tuple[tuple[str, str], ...], limit: int | None) -> None:
     """data.max_bad_samples applied to the files left out of a device-resident training set (before any step)."""
     if limit is None or len(skipped) <= limit:
@@ -278,10 +254,26 @@ def build_resident(
     max_bad_samples: int | None,
 ) -> tuple[ResidentLoader, tuple[tuple[str, str], ...]]:
     """The training split on `device`, decoded once with the validation transform (square, image_size), with
-    `workers` DataLoader workers started by `start_method` for that one pass; and the unreadable files left out
-    (within data.max_bad_samples). The order samples what was read: `make_sampler(count)`."""
+    `workers` DataLoader workers started by `start_method` (the plan's: forkserver under torchrun, see
+    data/loader.py) for that one pass; and the unreadable files left out (within data.max_bad_samples). The pass
+    reads through GuardedSamples and collate, as the DataLoader path reads (whole batches cropped at once), with
+    unreadable files dropped as validation drops them. The order samples what was read: `make_sampler(count)`."""
     check_fits(len(bundle.train), bundle.image_size, device)
-    images, labels, skipped = materialize(bundle.train, bundle.val.transform, device, workers, start_method)
+    fixed = copy.copy(bundle.train)
+    fixed.transform = bundle.val.transform  # deterministic: the crops and flips run on the device, per epoch
+    samples = GuardedSamples(fixed, replace=False, timed=False)
+    context = start_method if workers else None
+    loader = DataLoader(
+        samples, batch_size=256, num_workers=workers, multiprocessing_context=context, collate_fn=collate
+    )
+    batches = list(loader)
+    skipped = tuple(record for batch in batches for record in batch.skipped)
+    kept = [batch for batch in batches if batch.images is not None]
+    if not kept:
+        shown = f" (e.g. {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+        raise RunError(f"data.device_resident=true: no training image could be read{shown}")
+    images = torch.cat([b.images for b in kept]).to(device)
+    labels = torch.cat([b.labels for b in kept]).to(device)
     check_budget(skipped, max_bad_samples)
     for path, reason in skipped:
         log.warning("data.device_resident=true: left out an unreadable image: %s: %s", path, reason)

@@ -1,4 +1,6 @@
-"""DataLoader construction: `data.*` settings in, effective DataLoader arguments out, with every adjustment said."""
+"""DataLoader plans: `data.*` settings in, the effective DataLoader arguments out (a `LoaderPlan`), with every
+adjustment said; and what the workers run (their start method, stop signals and seeds). `pipeline.build_loader`
+builds the loader of a plan."""
 
 from __future__ import annotations
 
@@ -14,11 +16,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
 
-from imgtrain.config.schema import AUTO, TUNE, AugmentOn, DataConfig
-from imgtrain.data.samplers import EpochSampler, ShardSampler
-from imgtrain.data.samples import GuardedSamples, collate
+from imgtrain.config.data import DataConfig
+from imgtrain.config.fields import AUTO, TUNE, AugmentOn
+from imgtrain.data.samplers import EpochSampler
 from imgtrain.host.cpus import available_cpus, cpu_budget
 from imgtrain.host.signals import STOP_SIGNALS, SUBMITIT_SIGNAL
 
@@ -232,19 +233,3 @@ def train_sampler(dataset_len: int, plan: LoaderPlan, *, seed: int, rank: int, w
         seed=seed if shard else seed + rank,
         drop_last=plan.kwargs["drop_last"],
     )
-
-
-def build_loader(
-    dataset: Dataset, plan: LoaderPlan, *, train: bool, seed: int, rank: int = 0, world_size: int = 1
-) -> DataLoader:
-    """Build the DataLoader for `plan`: the training split gets an EpochSampler (sharded under DDP)."""
-    kwargs = dict(plan.kwargs)
-    kwargs.pop("shuffle")  # the samplers shuffle
-    generator = torch.Generator()
-    generator.manual_seed(seed + rank)  # the workers' base seed (Python and NumPy in init_worker)
-    if train:
-        kwargs["sampler"] = train_sampler(len(dataset), plan, seed=seed, rank=rank, world_size=world_size)
-    elif world_size > 1:
-        kwargs["sampler"] = ShardSampler(len(dataset), rank, world_size)
-    samples = GuardedSamples(dataset, replace=train, timed=plan.stage_timings, augment_on=plan.augment_on)
-    return DataLoader(samples, generator=generator, collate_fn=collate, **kwargs)

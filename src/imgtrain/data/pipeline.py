@@ -1,11 +1,17 @@
-"""The input pipeline of a run: the dataset, the effective DataLoader arguments, the loaders and the feed."""
+"""The input pipeline of a run: the dataset, the effective DataLoader arguments, the loaders and the feed.
+
+One route from the config to a loader, for every split and for num_workers=tune's probes: a `LoaderPlan`
+(`RunData.train_plan`, `RunData.val_plan`: loader.plan_loader), then `build_loader`, which builds the loader of a
+plan (a DataLoader; a streamed split's engine builds its own). `build_data` builds the run's `RunData`; with
+data.num_workers=tune its training loader waits for the probe's count (`RunData.build_train`), so it is built once.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +21,16 @@ from torch.utils.data import DataLoader
 
 from imgtrain.common.atomic import write_json
 from imgtrain.common.errors import ConfigError
+from imgtrain.config.data import DataConfig
 from imgtrain.config.datasets import AugmentPolicy, Decode
-from imgtrain.config.schema import Config, DataConfig, Mode
+from imgtrain.config.fields import TUNE
+from imgtrain.config.schema import Config, Mode
 from imgtrain.data.datasets import DatasetBundle
 from imgtrain.data.failures import stop_workers
 from imgtrain.data.feed import DeviceBatches, Feed, build_resident
-from imgtrain.data.loader import LoaderPlan, build_loader, plan_loader, resolve_workers, train_sampler
-from imgtrain.data.samplers import EpochSampler
+from imgtrain.data.loader import LoaderPlan, plan_loader, resolve_workers, train_sampler
+from imgtrain.data.samplers import EpochSampler, ShardSampler
+from imgtrain.data.samples import GuardedSamples, collate
 from imgtrain.data.streamed import StreamedLoader, StreamedSplit
 from imgtrain.host import dist, optional
 
@@ -30,16 +39,71 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RunData:
-    """Everything the loop reads from: the dataset, its two loaders, and how batches reach the device."""
+    """Everything the loop reads from: the dataset, its two loaders, and how batches reach the device; and the one
+    route to the training plan for any worker count (data.num_workers, the count the ranks agreed on,
+    num_workers=tune's probes and its choice, the count a resumed shards epoch started with)."""
 
     bundle: DatasetBundle
-    train: Any  # a DataLoader, a ResidentLoader (data.device_resident) or DeviceBatches (mode=compute)
-    val: DataLoader
-    loader_args: dict[str, dict[str, Any]]  # the effective DataLoader arguments, per split
-    feed: Feed
     settings: DataConfig  # data.*: what the failure explanations name
-    planner: Planner  # the one route to a loader plan: num_workers=tune plans its probes and its choice with it
+    info: dist.DistInfo
+    device_type: str
+    seed: int  # train.seed
+    streamed: bool = False  # dataset=shards: LitData's loader
+    # a DataLoader, a StreamedLoader (dataset=shards), a ResidentLoader (data.device_resident) or DeviceBatches
+    # (mode=compute); None until num_workers=tune's probe chose the count (`build_train`)
+    train: Any = None
+    val: Any = None
+    loader_args: dict[str, dict[str, Any]] = field(default_factory=dict)  # the effective arguments, per split
+    feed: Feed | None = None
     left_out: tuple[tuple[str, str], ...] = ()  # data.device_resident: unreadable training files, (path, reason)
+    # data.*, with what dataset=shards' training loader cannot follow set aside (`_streamed`, said once per run)
+    train_settings: DataConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.train_settings = _streamed(self.settings, self.info) if self.streamed else self.settings
+
+    def train_plan(self, workers: int | None = None) -> LoaderPlan:
+        """The training loader's plan; `workers` in place of data.num_workers."""
+        return plan_loader(self.train_settings, train=True, workers=workers, **self._placement())
+
+    def val_plan(self) -> LoaderPlan:
+        return plan_loader(self.settings, train=False, **self._placement())
+
+    def agreed_workers(self) -> int | None:
+        """dataset=shards under DDP: LitData deals chunks to world_size x num_workers workers, so every rank takes
+        rank 0's count (one broadcast, when the loaders are built); None where each rank's own count stands."""
+        if not self.streamed or self.info.world_size == 1:
+            return None
+        own, _ = resolve_workers(self.train_settings, self.info.local_world_size)
+        workers = dist.broadcast_plain(own, self.info)
+        if workers == own:
+            return None
+        log.warning("dataset=shards: data.num_workers=%d on every rank, rank 0's (LitData needs one count)", workers)
+        return workers
+
+    def build_train(self, workers: int, tuned: dict[str, Any] | None = None) -> None:
+        """data.num_workers=tune: build the training loader, once, with the count its probe chose (`tuned`, recorded
+        with the loader arguments) or, when the probe failed, with the count planned before it. dataset=shards:
+        rank 0's count on every rank (LitData needs one)."""
+        if self.streamed:
+            workers = dist.broadcast_plain(workers, self.info)
+        plan = self.train_plan(workers)
+        shard = {"rank": self.info.rank, "world_size": self.info.world_size}
+        self.train = build_loader(self.bundle.train, plan, train=True, seed=self.seed, replan=self.train_plan, **shard)
+        check_batches(self.train, self.bundle.train, plan.kwargs["batch_size"], self.info.world_size)
+        self.loader_args["train"] = plan.describe()
+        if tuned is not None:
+            self.loader_args["tune"] = tuned | {"chosen": workers}
+
+    def _placement(self) -> dict[str, Any]:
+        """What plan_loader needs to know of where it runs."""
+        info = self.info
+        return {
+            "device_type": self.device_type,
+            "world_size": info.world_size,
+            "local_world_size": info.local_world_size,
+            "process_group": info.enabled,
+        }
 
     @property
     def replicas(self) -> int:
@@ -81,7 +145,7 @@ class RunData:
             )
 
 
-def make_loader(
+def build_loader(
     dataset: Any,
     plan: LoaderPlan,
     *,
@@ -91,70 +155,43 @@ def make_loader(
     world_size: int = 1,
     replan: Callable[[int], LoaderPlan] | None = None,
 ) -> Any:
-    """The split's loader: LitData's for dataset=shards (`replan(workers)`: the plan with another worker count, to
-    finish a resumed epoch with the count it started with), else a DataLoader with our samplers."""
+    """The loader of `plan`: a DataLoader whose training split gets an EpochSampler (sharded under DDP); for a
+    streamed split (dataset=shards), its engine's loader (`replan(workers)`: the plan with another worker count, to
+    finish a resumed epoch with the count it started with)."""
     if isinstance(dataset, StreamedSplit):
-        return dataset.make_loader(plan, train=train, seed=seed, rank=rank, world_size=world_size, replan=replan)
-    return build_loader(dataset, plan, train=train, seed=seed, rank=rank, world_size=world_size)
+        return dataset.build_loader(plan, train=train, seed=seed, rank=rank, world_size=world_size, replan=replan)
+    kwargs = dict(plan.kwargs)
+    kwargs.pop("shuffle")  # the samplers shuffle
+    generator = torch.Generator()
+    generator.manual_seed(seed + rank)  # the workers' base seed (Python and NumPy in init_worker)
+    if train:
+        kwargs["sampler"] = train_sampler(len(dataset), plan, seed=seed, rank=rank, world_size=world_size)
+    elif world_size > 1:
+        kwargs["sampler"] = ShardSampler(len(dataset), rank, world_size)
+    samples = GuardedSamples(dataset, replace=train, timed=plan.stage_timings, augment_on=plan.augment_on)
+    return DataLoader(samples, generator=generator, collate_fn=collate, **kwargs)
 
 
-@dataclass(frozen=True)
-class Planner:
-    """The one route from the config to a loader plan, made once per run (`for_run`): the training plan for any
-    worker count (data.num_workers, the count the ranks agreed on, num_workers=tune's probes and its choice, the
-    count a resumed shards epoch started with) and the validation plan, by the same function."""
-
-    data: DataConfig  # data.*
-    train_data: DataConfig  # data.*, with what dataset=shards' training loader cannot follow set aside (`_streamed`)
-    device_type: str
-    info: dist.DistInfo
-    streamed: bool = False  # dataset=shards: LitData's loader
-
-    @classmethod
-    def for_run(cls, data: DataConfig, device_type: str, info: dist.DistInfo, streamed: bool = False) -> Planner:
-        return cls(data, _streamed(data, info) if streamed else data, device_type, info, streamed)
-
-    def train(self, workers: int | None = None) -> LoaderPlan:
-        """The training loader's plan; `workers` in place of data.num_workers."""
-        return plan_loader(self.train_data, train=True, workers=workers, **self._placement())
-
-    def val(self) -> LoaderPlan:
-        return plan_loader(self.data, train=False, **self._placement())
-
-    def agreed_workers(self) -> int | None:
-        """dataset=shards under DDP: LitData deals chunks to world_size x num_workers workers, so every rank takes
-        rank 0's count (one broadcast, when the loaders are built); None where each rank's own count stands."""
-        if not self.streamed or self.info.world_size == 1:
-            return None
-        own, _ = resolve_workers(self.train_data, self.info.local_world_size)
-        workers = dist.broadcast_plain(own, self.info)
-        if workers == own:
-            return None
-        log.warning("dataset=shards: data.num_workers=%d on every rank, rank 0's (LitData needs one count)", workers)
-        return workers
-
-    def _placement(self) -> dict[str, Any]:
-        """What plan_loader needs to know of where it runs."""
-        info = self.info
-        return {
-            "device_type": self.device_type,
-            "world_size": info.world_size,
-            "local_world_size": info.local_world_size,
-            "process_group": info.enabled,
-        }
-
-
-def use_tuned_workers(data: RunData, seed: int, tuned: dict) -> None:
-    """Rebuild the training loader with the count `data.num_workers=tune` chose, and record the probe with its
-    arguments (loader_args.json is written again by `save_loader_args`)."""
-    info = data.planner.info
-    if data.planner.streamed:  # one count on every rank (see Planner.agreed_workers)
-        tuned["chosen"] = dist.broadcast_plain(tuned["chosen"], info)
-    plan = data.planner.train(tuned["chosen"])
-    shard = {"rank": info.rank, "world_size": info.world_size}
-    data.train = make_loader(data.bundle.train, plan, train=True, seed=seed, replan=data.planner.train, **shard)
-    data.loader_args["train"] = plan.describe()
-    data.loader_args["tune"] = tuned
+def check_batches(loader: Any, dataset: Any, batch_size: int, world_size: int) -> None:
+    """Refuse (one line) a training loader with no batch: the split is smaller than one batch (per rank, for a
+    streamed split, which LitData deals to the ranks in whole batches only: its `len()` is then 0, the stored count
+    `samples`)."""
+    if len(loader) > 0:
+        return
+    if not isinstance(dataset, StreamedSplit):
+        raise ConfigError(
+            f"data.batch_size={batch_size} is larger than the training split of {len(dataset)} images with "
+            "data.drop_last=true: lower it or set drop_last=false"
+        )
+    if world_size > 1:  # drop_last=false would give the whole remainder to the last rank: unequal step counts
+        raise ConfigError(
+            f"data.batch_size={batch_size} x {world_size} ranks is more than the training split of {dataset.samples} "
+            "images: LitData gives each rank whole batches only: lower data.batch_size"
+        )
+    raise ConfigError(
+        f"data.batch_size={batch_size} is larger than the training split of {dataset.samples} images, and LitData "
+        "gives whole batches only with data.drop_last=true: lower it or set drop_last=false"
+    )
 
 
 def save_loader_args(data: RunData, info: dist.DistInfo, out_dir: Path) -> None:
@@ -207,30 +244,8 @@ def _streamed(data: DataConfig, info: dist.DistInfo) -> DataConfig:
     return dataclasses.replace(data, in_order=True, drop_last=data.drop_last or info.world_size > 1)
 
 
-def _no_batch(batch_size: int, train: Any, world_size: int) -> str:
-    """Why the training loader has no batch: the split is smaller than one batch (per rank, for a streamed split,
-    which LitData deals to the ranks in whole batches only: its `len()` is then 0, the stored count `samples`)."""
-    if not isinstance(train, StreamedSplit):
-        return (
-            f"data.batch_size={batch_size} is larger than the training split of {len(train)} images with "
-            "data.drop_last=true: lower it or set drop_last=false"
-        )
-    if world_size > 1:  # drop_last=false would give the whole remainder to the last rank: unequal step counts
-        return (
-            f"data.batch_size={batch_size} x {world_size} ranks is more than the training split of {train.samples} "
-            "images: LitData gives each rank whole batches only: lower data.batch_size"
-        )
-    return (
-        f"data.batch_size={batch_size} is larger than the training split of {train.samples} images, and LitData "
-        "gives whole batches only with data.drop_last=true: lower it or set drop_last=false"
-    )
-
-
-def build_data(
-    settings: Config, info: dist.DistInfo, device: torch.device, memory_format: torch.memory_format, out_dir: Path
-) -> RunData:
-    """Dataset, loaders and feed; the effective loader arguments are logged, and saved by rank 0."""
-    seed = settings.train.seed
+def _open_dataset(settings: Config, info: dist.DistInfo) -> DatasetBundle:
+    """The dataset the config names, generated or opened once (rank 0 first), said in one line."""
     if settings.dataset.extra is not None:  # e.g. dataset=shards: LitData and boto3, one line if either is missing
         optional.require_extra(settings.dataset.extra, f"dataset={settings.dataset.name}")
     with dist.main_process_first(info):  # rank 0 generates `shapes` once; the others then reuse its files
@@ -239,23 +254,30 @@ def build_data(
         "dataset %s: %d train / %d val images, %d classes, %d px",
         *(bundle.name, len(bundle.train), len(bundle.val), bundle.num_classes, bundle.image_size),
     )
+    return bundle
+
+
+def build_data(
+    settings: Config, info: dist.DistInfo, device: torch.device, memory_format: torch.memory_format, out_dir: Path
+) -> RunData:
+    """Dataset, loaders and feed; the effective loader arguments are logged, and saved by rank 0. The training
+    loader: mode=compute's batch on the device, data.device_resident's training set on the device, else the plan's
+    loader; with data.num_workers=tune in mode=train, none yet: the probe builds it with its count (build_train)."""
+    seed, bundle = settings.train.seed, _open_dataset(settings, info)
     gpu_decode = decodes_on_gpu(settings, device)
-    planner = Planner.for_run(settings.data, device.type, info, streamed=isinstance(bundle.train, StreamedSplit))
-    train_plan, val_plan = planner.train(planner.agreed_workers()), planner.val()
-    loader_args = {"train": train_plan.describe(), "val": val_plan.describe()}
-    _log_plans(train_plan, loader_args)
+    data = RunData(bundle, settings.data, info, device.type, seed, streamed=isinstance(bundle.train, StreamedSplit))
+    train_plan, val_plan = data.train_plan(data.agreed_workers()), data.val_plan()
+    data.loader_args = {"train": train_plan.describe(), "val": val_plan.describe()}
+    _log_plans(train_plan, data.loader_args)
     shard = {"rank": info.rank, "world_size": info.world_size}
-    train_loader = make_loader(bundle.train, train_plan, train=True, seed=seed, replan=planner.train, **shard)
-    val_loader = make_loader(bundle.val, val_plan, train=False, seed=seed, **shard)
-    if len(train_loader) == 0:
-        raise ConfigError(_no_batch(settings.data.batch_size, bundle.train, info.world_size))
     batch_size = train_plan.kwargs["batch_size"]
-    left_out: tuple[tuple[str, str], ...] = ()  # unreadable files a device-resident training set left out
-    if settings.mode == Mode.compute:  # the compute ceiling: no loader at all, one batch already on the device
-        # train.max_steps steps in one pass: the dataset's size does not cut a ceiling measurement short
-        train_loader = DeviceBatches.random(bundle, batch_size, settings.train.max_steps or len(train_loader), device)
-    elif train_plan.device_resident:
-        train_loader, left_out = build_resident(
+    resident = train_plan.device_resident and settings.mode != Mode.compute
+    tuned = settings.data.num_workers == TUNE and settings.mode == Mode.train and not resident
+    if not (resident or tuned):
+        data.train = build_loader(bundle.train, train_plan, train=True, seed=seed, replan=data.train_plan, **shard)
+    data.val = build_loader(bundle.val, val_plan, train=False, seed=seed, **shard)
+    if resident:  # the training set decoded once onto the device: one DataLoader pass, no training DataLoader
+        data.train, data.left_out = build_resident(
             bundle,
             lambda count: train_sampler(count, train_plan, seed=seed, **shard),
             batch_size,
@@ -266,7 +288,12 @@ def build_data(
             augment=settings.dataset.augment != AugmentPolicy.none,  # crop and flip (validate refuses a policy)
             max_bad_samples=settings.data.max_bad_samples,
         )
-    feed = Feed.build(
+    if data.train is not None:
+        check_batches(data.train, bundle.train, batch_size, info.world_size)
+    if settings.mode == Mode.compute:  # the compute ceiling: no loader at all, one batch already on the device
+        # train.max_steps steps in one pass: the dataset's size does not cut a ceiling measurement short
+        data.train = DeviceBatches.random(bundle, batch_size, settings.train.max_steps or len(data.train), device)
+    data.feed = Feed.build(
         bundle,
         device,
         memory_format,
@@ -275,6 +302,5 @@ def build_data(
         gpu_decode=gpu_decode,
         timed=settings.data.stage_timings,
     )
-    data = RunData(bundle, train_loader, val_loader, loader_args, feed, settings.data, planner, left_out)
     save_loader_args(data, info, out_dir)
     return data

@@ -20,7 +20,7 @@ from torch.utils.data import Dataset, default_collate
 
 from imgtrain.config.fields import AugmentOn
 from imgtrain.data import batched, policies, resample, stages
-from imgtrain.data.datasets import CorruptSampleError
+from imgtrain.data.image_files import CorruptSampleError
 from imgtrain.data.jpeg import EncodedBatch, EncodedJpeg
 from imgtrain.data.policies import seeded
 

@@ -38,7 +38,7 @@ class StreamedLoader(ABC):
 
 
 class StreamedSplit(ABC):
-    """A split whose engine makes its own loader (`make_loader`) with the plan's DataLoader arguments. `len()` is
+    """A split whose engine makes its own loader (`build_loader`) with the plan's DataLoader arguments. `len()` is
     what the engine deals out for a topology; `samples` is what the split stores."""
 
     @property
@@ -47,7 +47,7 @@ class StreamedSplit(ABC):
         """The samples the split stores."""
 
     @abstractmethod
-    def make_loader(
+    def build_loader(
         self,
         plan: LoaderPlan,
         *,

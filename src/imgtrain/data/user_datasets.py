@@ -21,14 +21,9 @@ from imgtrain.common.errors import ConfigError, RunError, first_line
 from imgtrain.config.datasets import MAX_IMAGE_PIXELS
 from imgtrain.data import batched, decoders, stages
 from imgtrain.data.csv_rows import csv_splits
-from imgtrain.data.datasets import (
-    CorruptSampleError,
-    DatasetBundle,
-    ImageFileDataset,
-    imagenet_transforms,
-    triple,
-)
+from imgtrain.data.datasets import DatasetBundle, file_bundle
 from imgtrain.data.decoders import DECODE_ERRORS, error_reason
+from imgtrain.data.image_files import CorruptSampleError
 from imgtrain.data.jpeg import too_many_pixels
 
 # What the user's __getitem__ raises for an image it cannot read or decode, as the template's own decoders do (PIL:
@@ -43,45 +38,10 @@ ARRAY_TYPES = (np.uint8, np.uint16, np.float16, np.float32, np.float64)
 TENSOR_TYPES = (torch.uint8, torch.uint16, torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def build_csv(
-    name: str,
-    image_size: int,
-    mean: Any,
-    std: Any,
-    augment: Any,
-    randaugment_ops: int,
-    randaugment_magnitude: int,
-    random_erasing: float,
-    train: str,
-    val: str,
-    val_resize: int | None,
-    val_image_size: int | None = None,
-    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
-) -> DatasetBundle:
+def build_csv(train: str, val: str, **keys: Any) -> DatasetBundle:
     """dataset=csv: a CSV (or TSV) per split, read as data/csv_rows.py says; the images are decoded lazily by
-    the workers, like an image folder's. `validate` has checked that both files exist."""
-    (train_paths, train_labels), (val_paths, val_labels), classes = csv_splits(train, val)
-    train_tf, val_tf = imagenet_transforms(
-        image_size,
-        val_resize,
-        augment,
-        randaugment_ops=randaugment_ops,
-        randaugment_magnitude=randaugment_magnitude,
-        random_erasing=random_erasing,
-        mean=mean,
-        val_image_size=val_image_size,
-    )
-    decoders.check(f"dataset={name}")
-    return DatasetBundle(
-        train=ImageFileDataset(train_paths, train_labels, classes, train_tf, max_image_pixels),
-        val=ImageFileDataset(val_paths, val_labels, classes, val_tf, max_image_pixels),
-        num_classes=len(classes),
-        image_size=image_size,
-        mean=triple(mean),
-        std=triple(std),
-        name=name,
-        classes=classes,
-    )
+    the workers, like an image folder's (`keys`: file_bundle's). `validate` has checked that both files exist."""
+    return file_bundle(csv_splits(train, val), **keys)
 
 
 # ----------------------------------------------------------------------------- your own Dataset class
@@ -289,23 +249,11 @@ def build_custom(
     cls = import_dataset_class(dataset_class)
     train_set, val_set = (construct(cls, dataset_class, split, dict(options)) for split in ("train", "val"))
     classes = dataset_classes(train_set, val_set, dataset_class, num_classes)
-    train_tf, val_tf = imagenet_transforms(
-        image_size,
-        val_resize,
-        augment,
-        randaugment_ops=randaugment_ops,
-        randaugment_magnitude=randaugment_magnitude,
-        random_erasing=random_erasing,
-        mean=mean,
-        val_image_size=val_image_size,
-    )
-    return DatasetBundle(
-        train=UserDataset(train_set, train_tf, classes, dataset_class, max_image_pixels),
-        val=UserDataset(val_set, val_tf, classes, dataset_class, max_image_pixels),
-        num_classes=len(classes),
-        image_size=image_size,
-        mean=triple(mean),
-        std=triple(std),
-        name=name,
-        classes=classes,
-    )
+
+    def user(split: Any, transform: Any) -> UserDataset:
+        return UserDataset(split, transform, classes, dataset_class, max_image_pixels)
+
+    keys = {"randaugment_ops": randaugment_ops, "randaugment_magnitude": randaugment_magnitude}
+    keys |= {"augment": augment, "random_erasing": random_erasing, "mean": mean, "std": std}
+    sizes = {"image_size": image_size, "val_resize": val_resize, "val_image_size": val_image_size}
+    return file_bundle((train_set, val_set, classes), name=name, dataset=user, **sizes, **keys)

@@ -1,13 +1,13 @@
 """The epoch-start stall (pytorch/pytorch#19836): what each epoch's start costs the training loop.
 
 Two figures per epoch, both on the host clock, with no sync of their own:
-- `first_batch_s`: seconds from the epoch's start (`Metrics.begin_epoch`) to its first batch in hand. It holds
+- `first_batch_s`: seconds from the epoch's start (`Metrics.on_epoch_start`) to its first batch in hand. It holds
   starting the DataLoader's workers (or resuming persistent ones) and making the first batch.
 - `cost_s`: the epoch's first logging window (it opens at the epoch's start) minus its steps at the steady
   step time (the median over steady windows). It adds the steps that run slowly after the boundary, such as
   those that re-fault memory released by validation.
 
-Validation and checkpoint saves happen between `end_epoch` and the next `begin_epoch`, outside every window,
+Validation and checkpoint saves happen between `on_epoch_end` and the next `on_epoch_start`, outside every window,
 so neither figure counts them. This process's first epoch is left out of the cost: its start is the run's
 start-up, which `metrics.skip_first_steps` already keeps out of throughput.
 """

@@ -1,24 +1,25 @@
-"""The run's one metrics component, in the spirit of torchtitan's MetricsProcessor.
+"""The run's one metrics component, in the spirit of torchtitan's MetricsProcessor: an instrument of the loop
+(the hooks of `train/instruments.py`'s `Instrument`, by name).
 
 It owns the step windows, the resource monitor, TensorBoard, the progress bar and the end-of-run summary, and
 reduces across ranks in one place. The loop hands it each step's loss on the device; it reads numbers back
-only every `metrics.log_every_n_steps` steps, where one sync and one small CPU exchange happen: each rank's
-`agreement.WindowReport`, which also carries the fault handler's fields (stop signal, unreadable files, first
-NaN step) and the checkpointer's (its clock, a failed write).
+only when a logging window ends (`window_report`: the window's one sync), and its figures then travel in that
+window's `agreement.WindowReport`, which the loop exchanges; `on_window` logs what the ranks agreed on.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torchvision
 
 from imgtrain.common.atomic import write_json
-from imgtrain.config.schema import Config, Mode, model_name
+from imgtrain.config.model import model_name
+from imgtrain.config.schema import Config, Mode
 from imgtrain.host import dist
 from imgtrain.host.cpus import available_cpus
 from imgtrain.metrics.epoch_start import EpochStarts
@@ -43,15 +44,6 @@ from imgtrain.resilience.faults import Faults
 UNREADABLE_LISTED = 100  # distinct unreadable files listed in metrics.json (all are counted)
 
 
-class Agreeing(Protocol):
-    """A component whose numbers every rank must agree on: its fields of each window's `WindowReport` out,
-    the `Agreement` in."""
-
-    def report(self) -> dict[str, Any]: ...
-
-    def agree(self, agreed: Agreement) -> None: ...
-
-
 class Metrics:
     """Windows, monitor, TensorBoard (rank 0), progress bar and summary for one run."""
 
@@ -62,13 +54,11 @@ class Metrics:
         info: dist.DistInfo,
         out_dir: Path,
         faults: Faults,
-        also_agreeing: Sequence[Agreeing] = (),
         pipeline: PipelineMeter | None = None,
         environment: dict[str, Any] | None = None,
         profiled_steps: int = 0,
     ):
         self.settings, self.device, self.info, self.faults = settings, device, info, faults
-        self.parties: list[Agreeing] = [faults, *also_agreeing]  # what the window's exchange carries
         self.environment = environment  # the pre-flight fingerprint (preflight.py)
         # `profiled_steps` (metrics.profile=true) follow the warm-up steps and stay out of the steady state too
         self.profiled_steps = profiled_steps
@@ -81,11 +71,15 @@ class Metrics:
         self.tb_dir = str(out_dir / "tb")
         self.tb: MetricsLogger | None = None
         self.bar: Any = None
-        self.total_steps, self.lr, self.start_step = 0, lambda: 0.0, 0
+        self.lr, self.start_step = lambda: 0.0, 0
         self.sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss x images, correct, images
         self.wait = 0.0  # seconds waited for the next batch since the last step
         self.epoch_starts, self.steps_per_epoch = EpochStarts(), 0
         self.first_batch_s: float | None = None  # this epoch's, logged with its first window
+        self.closing: tuple[dict[str, float], bool] = ({}, False)  # a window's values, steady: report to agree
+
+    def failure_notes(self) -> str:
+        return self.memory_peaks()
 
     def memory_peaks(self) -> str:
         """This run's memory peaks so far (this process and its workers), for a message about memory."""
@@ -94,22 +88,20 @@ class Metrics:
         shown = [f"{name} {gb:.2f} GB" for name, gb in named if gb is not None]
         return f"Memory peaks of this process and its workers: {', '.join(shown)}." if shown else ""
 
-    @contextlib.contextmanager
-    def running(self, start_step: int, total_steps: int, lr: Callable[[], float]) -> Iterator[Metrics]:
+    def on_run_start(self, start_step: int, total_steps: int, lr: Callable[[], float]) -> None:
         """Sample resources and write TensorBoard while training; `lr` reads the current learning rate."""
-        self.total_steps, self.lr, self.start_step = total_steps, lr, start_step
+        self.lr, self.start_step = lr, start_step
         # purge_step: TensorBoard hides what an interrupted run logged after the checkpoint it resumed from.
         self.tb = MetricsLogger(self.tb_dir, enabled=self.info.is_main, purge_step=start_step + 1 or None)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self.monitor.start()
-        try:
-            yield self
-        finally:
-            self.monitor.stop()
+
+    def on_run_end(self) -> None:
+        self.monitor.stop()
 
     # ------------------------------------------------------------------ during an epoch
-    def begin_epoch(self, epoch: int, steps: int) -> None:
+    def on_epoch_start(self, epoch: int, steps: int) -> None:
         self.bar = progress_bar(steps, epoch, self.settings.metrics.progress_bar)
         self.sums.zero_()
         self.wait = 0.0
@@ -118,15 +110,15 @@ class Metrics:
         self.epoch_starts.begin()  # the epoch-start stall is timed from here to the first batch and window
         self.steps_per_epoch = steps
 
-    def add_batch(self, wait: float, transfer: float, times: tuple) -> None:
+    def on_batch(self, wait: float, transfer: float, times: tuple) -> None:
         """A batch the loop received after blocking `wait` s, `transfer` s of it after a worker had finished it,
         with the stage times its worker stamped on it (the batch iterator calls this)."""
         self.wait += wait
         self.pipeline.add(wait, transfer, times)
         self.first_batch_s = self.epoch_starts.batch_arrived() or self.first_batch_s
 
-    def step(self, step: int, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
-        """Count one step; at a logging step, read everything back (one sync) and log."""
+    def on_step_end(self, step: int, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """Count one step, on the device: nothing is read back until the window ends (`window_report`)."""
         if self.losses:  # on the device, no sync; a NaN/inf loss (skipped or about to stop the run) is left out
             loss = loss.detach().double()
             finite = torch.isfinite(loss)
@@ -136,19 +128,20 @@ class Metrics:
         self.meter.add_step(labels.shape[0], self.wait)
         self.wait = 0.0
         self.bar.update(1)
-        if (step % self.log_every == 0 or step == self.warmup_steps) and step < self.total_steps:
-            self._close_window(step)
 
-    def end_epoch(self, step: int) -> None:
-        """Log the epoch's last, partial window (every rank has one at the same step)."""
-        if self.meter.open_steps:
-            self._close_window(step)
+    def window_ends(self) -> tuple[int, ...]:
+        """The warm-up's end: the steady windows start there."""
+        return (self.warmup_steps,)
+
+    def on_epoch_end(self, step: int) -> None:
+        """The epoch's last, partial window has ended (every rank has one at the same step)."""
         self.bar.close()
 
-    def log(self, values: dict[str, float], step: int) -> None:
+    def on_eval(self, values: dict[str, float], step: int) -> None:
         self.tb.log(values, step)
 
-    def _close_window(self, step: int) -> None:
+    def window_report(self, step: int) -> dict[str, float]:
+        """Close the window: read everything back (its one sync); this rank's figures for the exchange."""
         loss_images, correct, seen = self.sums.tolist()  # the one sync of the window
         window = self.meter.close_window()
         values: dict[str, float] = self._epoch_start(window)
@@ -168,7 +161,13 @@ class Metrics:
         if steady:  # a warm-up window sends zeros: the merged figures are read for steady windows only
             perf |= {"images_per_sec": window.images_per_sec, "data_wait_frac": window.data_wait_frac}
             perf["step_time_ms"] = window.step_time_ms
-        agreed = self._exchange(perf)  # the window's one exchange, and its agreements
+        self.closing = (values, steady)
+        return perf
+
+    def on_window(self, step: int, agreed: Agreement) -> None:
+        """Log the window `window_report` closed, with what the ranks agreed on; open the next."""
+        values, steady = self.closing
+        self.closing = ({}, False)
         counts = self.faults.counts
         values["data/skipped_samples"] = counts.skipped_samples
         if counts.nonfinite_steps:
@@ -196,17 +195,6 @@ class Metrics:
             values["time/epoch_start_cost_s"] = cost
         return values
 
-    def _exchange(self, perf: dict[str, float]) -> Agreement:
-        """One CPU exchange of every rank's `WindowReport`: its perf figures and each party's fields; each party
-        then acts on the `Agreement` (faults: stop signal, unreadable files, NaN; checkpointer: clock, write)."""
-        fields = dict(perf)
-        for party in self.parties:
-            fields.update(party.report())
-        agreed = exchange(WindowReport(**fields))
-        for party in self.parties:
-            party.agree(agreed)
-        return agreed
-
     # ------------------------------------------------------------------ the end of the run
     def local_input_load(self) -> tuple[float | None, float]:
         """This rank's steady-state data-wait share (None: not measured) and CPU cores its loading kept busy."""
@@ -214,18 +202,14 @@ class Metrics:
         busy_cores = steady["busy"] / steady["seconds"] if steady["seconds"] else 0.0
         return self.meter.summary()["data_wait_frac"], busy_cores
 
-    def summary(
-        self,
-        progress: Any,
-        precision: str,
-        loader_args: dict,
-        wall_time_s: float,
-        compute: Rate | None = None,
-        profile_trace: str | None = None,
-    ) -> dict[str, Any]:
+    def summary(self, end: Any) -> dict[str, Any]:
         """The run's final figures (`summary.RunSummary`, as a dict), reduced over ranks (every rank must call
-        it); `compute`: the model's own rate, when measured; `profile_trace`: rank 0's trace of
-        metrics.profile=true, if written."""
+        it), from `end` (train/instruments.py's `RunEnd`: progress, precision, loader args, the start time, and
+        the model's own rate, timed now if this rank's input load suggests contention). `profile_trace` is the
+        profiler's to fill."""
+        progress, precision, loader_args = end.progress, end.precision, end.loader_args
+        compute: Rate | None = end.own_rate(*self.local_input_load())
+        wall_time_s = time.perf_counter() - end.started  # after the probe, as the run's wall time includes it
         self.faults.merge_unreadable()
         perf, resources = self.meter.summary(), self.monitor.summary()
         measured, util = perf["images_per_sec"] is not None, resources.get("gpu_util_mean")
@@ -259,7 +243,7 @@ class Metrics:
             unreadable_files=[{"path": path, "reason": reason} for path, reason in unreadable],
             nonfinite_steps=counts.nonfinite_steps,
             wall_time_s=wall_time_s,
-            profile_trace=profile_trace,
+            profile_trace=None,
             **self._setup(loader_args, precision),
         )
         return as_json(summary)
@@ -303,7 +287,7 @@ class Metrics:
             "environment": self.environment,
         }
 
-    def finish(self, summary: dict[str, Any], path: Path) -> None:
+    def on_summary(self, summary: dict[str, Any], path: Path) -> None:
         """Add the verdict; rank 0 writes metrics.json, the TensorBoard hparams and the console table."""
         summary["verdict"] = verdict(summary)
         summary["pipeline"]["input_stage"] = bounding_stage(summary)

@@ -5,6 +5,7 @@ one step, then records `metrics.profile_steps` steps. The loop marks labelled ra
 `imgtrain/<name>`) through `Profiler.range`; with profiling off, or once the trace is written, that is a
 shared no-op context: a `record_function` costs 13-22 us even with no profiler running (2-core VM), five
 of them per step. Only rank 0 profiles: every rank runs the same step, and one trace shows its shape.
+`Profiler` is an instrument of the loop (the hooks of `train/instruments.py`'s `Instrument`, by name).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch.profiler import ProfilerActivity, record_function
 from imgtrain.common.atomic import atomic_write
 from imgtrain.common.errors import RunError
 from imgtrain.common.links import refuse_foreign_links
-from imgtrain.config.schema import MetricsConfig
+from imgtrain.config.metrics import MetricsConfig
 from imgtrain.host import dist
 
 log = logging.getLogger(__name__)
@@ -102,14 +103,27 @@ class Profiler:
             self._profile = self._stack.enter_context(profile)
         return self
 
-    def step(self) -> None:
-        """End one training step (the loop calls this last); the trace is written after the last active one."""
+    def on_run_start(self, *start: Any) -> None:
+        self.__enter__()
+
+    def on_run_end(self) -> None:
+        self.__exit__(None, None, None)
+
+    def on_step_end(self, *step_end: Any) -> None:
+        """End one training step (`on_step_end(step, loss, logits, labels)`, whose arguments it needs not, or
+        `step()`); the trace is written after the last active one."""
         if self._profile is None:
             return
         self.steps += 1
         self._profile.step()
         if self.steps >= self.needed:  # the trace is written (or failed to be): stop the profiler now
             self._close()
+
+    step = on_step_end  # one function, two names: the loop's hook costs no extra call per step
+
+    def summary(self, end: Any) -> dict[str, Any]:
+        """The summary's `profile_trace`: rank 0's trace, if written."""
+        return {"profile_trace": self.trace}
 
     def __exit__(self, *exc: Any) -> None:
         self._close()

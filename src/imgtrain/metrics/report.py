@@ -9,7 +9,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from imgtrain.config.schema import AUTO
+from imgtrain.config.fields import AUTO
 from imgtrain.config.val_metrics import VAL_METRICS, field
 from imgtrain.data.loader import auto_num_workers
 from imgtrain.data.stages import WORKER_STAGES

@@ -3,12 +3,16 @@
 Each rank fills a `WindowReport`: its throughput figures for the window, the stop signal it received, its
 unreadable image reads, its first NaN step, and on rank 0 the checkpoint clock and the last write's outcome.
 `exchange` sends it with one all-gather on the CPU (gloo) group, so no GPU sync, and returns the `Agreement`
-that every rank then acts on, so every rank takes the same branch at the same step. Nothing here runs per step.
+that every rank then acts on, so every rank takes the same branch at the same step. `LoggingWindows` says at
+which steps a window ends and runs that exchange; the loop calls it, so the ranks agree whatever measures the run.
+Nothing here runs per step but `LoggingWindows.due`, an integer test.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
+from typing import Any, Protocol
 
 from imgtrain.host import dist
 
@@ -73,3 +77,48 @@ def exchange(mine: WindowReport) -> Agreement:
         for row in rows
     ]
     return merge(reports)
+
+
+class Agreeing(Protocol):
+    """A component whose numbers every rank must agree on (the faults, the checkpointer): its fields of each
+    window's `WindowReport` out, the `Agreement` in."""
+
+    def report(self) -> dict[str, Any]: ...
+
+    def agree(self, agreed: Agreement) -> None: ...
+
+
+class LoggingWindows:
+    """Where the logging windows end, and the one exchange at each: every `every` steps
+    (metrics.log_every_n_steps), at the `also_at` steps (the metrics' end of warm-up, so that steady windows start
+    there) and at an epoch's end; never at or after `total_steps` (the run's end validates and saves instead)."""
+
+    def __init__(self, every: int, total_steps: int, parties: Sequence[Agreeing], also_at: Iterable[int] = ()):
+        self.every, self.total_steps, self.parties = every, total_steps, list(parties)
+        self.also_at = frozenset(also_at)
+        self.opened_at = 0  # the step the open window follows
+
+    def due(self, step: int) -> bool:
+        """Whether the window ends after step `step` (every rank gets the same answer: no exchange)."""
+        return (step % self.every == 0 or step in self.also_at) and step < self.total_steps
+
+    def open(self, step: int) -> bool:
+        """Whether steps were taken since the last window ended (at an epoch's end: its partial window)."""
+        return step > self.opened_at
+
+    def begin(self, step: int) -> None:
+        """A window opens after step `step` (an epoch's start)."""
+        self.opened_at = step
+
+    def agree(self, step: int, perf: dict[str, float]) -> Agreement:
+        """The window's one CPU exchange: `perf` (the measured fields of the `WindowReport`, if any) and each
+        party's fields out; each party then acts on the `Agreement` (faults: stop signal, unreadable files, NaN;
+        checkpointer: clock, failed write), which is returned for the instruments."""
+        fields_out = dict(perf)
+        for party in self.parties:
+            fields_out.update(party.report())
+        agreed = exchange(WindowReport(**fields_out))
+        for party in self.parties:
+            party.agree(agreed)
+        self.opened_at = step
+        return agreed

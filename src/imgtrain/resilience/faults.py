@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from imgtrain.common.errors import RunEnded, RunError
-from imgtrain.config.schema import NonFinite
+from imgtrain.config.faults import NonFinite
 from imgtrain.host import dist
 from imgtrain.host.signals import STOP_SIGNALS, SUBMITIT_SIGNAL
 from imgtrain.resilience.agreement import Agreement, WindowReport, exchange

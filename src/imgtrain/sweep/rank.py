@@ -23,8 +23,9 @@ from imgtrain.sweep.settings import no_effect, ran_alike, setting_of, written
 
 # A job whose middle half of window throughputs spans more than this share of its median is marked noisy.
 NOISY_SPREAD = 0.15
-# Without repeats: the smallest speed-up called a difference (a ratio of medians of 1.10; the same job on a shared
-# machine moves by about 10% within an hour). The sweep callback's `min_gain` overrides it.
+# Without repeats: the smallest speed-up called a difference (a ratio of medians of 1.10; repeats of one setting on
+# a shared machine differ by about as much: BENCHMARKS.md, "sweep stability"). The sweep callback's `min_gain`
+# overrides it.
 MIN_GAIN = 0.10
 # A tie's memory peaks (PSS) count as different only when apart by more than this, or by more than the most that
 # repeats of one setting differed by, whichever is larger: the same setting's PSS moves by a few percent between

@@ -1,7 +1,9 @@
-"""The training loop. `train_one_epoch` is the whole step: data, forward, loss, backward, update, one call each
-to the metrics and the checkpointer, then the termination conditions. `fit` runs the epochs and validation, and
-ends the run on a stop; `EpochBatches` is the batch iterator that times the wait for each batch and hands
-unreadable files to the fault handler.
+"""The training loop. `train_one_epoch` is the whole step: data, forward, loss, backward, update, one call to the
+instruments and one to the checkpointer, then the termination conditions. `fit` runs the epochs and validation,
+and ends the run on a stop; `EpochBatches` is the batch iterator that times the wait for each batch and hands
+unreadable files to the fault handler. The loop measures nothing itself: whatever does is an instrument
+(`train/instruments.py`), called through `Instruments`; what the ranks agree on once per logging window (stops,
+NaN losses, the checkpoint clock) the loop exchanges itself (`close_window`) and hands to the instruments.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from imgtrain.config.schema import DataConfig, Mode
+from imgtrain.config.data import DataConfig
+from imgtrain.config.schema import Mode
 from imgtrain.config.val_metrics import VAL_METRICS, batch_sums, field, tag
 from imgtrain.data.failures import (
     LoaderFailed,
@@ -29,45 +32,50 @@ from imgtrain.data.feed import Feed
 from imgtrain.data.pipeline import RunData
 from imgtrain.data.stages import transfer_seconds
 from imgtrain.host import dist
-from imgtrain.metrics import Metrics
-from imgtrain.metrics.profiling import Profiler, no_range
+from imgtrain.resilience.agreement import LoggingWindows
 from imgtrain.resilience.checkpoint import Checkpointer, Progress
 from imgtrain.resilience.faults import Faults, Stop
-from imgtrain.train.model import evaluation_module, uncompiled
+from imgtrain.train.instruments import Instruments, Mark, no_range
+from imgtrain.train.placement import evaluation_module, uncompiled
 from imgtrain.train.step import Step
 
 log = logging.getLogger(__name__)
 
 
 def train_one_epoch(
-    model: nn.Module,
-    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
-    step: Step,
-    faults: Faults,
-    metrics: Metrics,
-    checkpointer: Checkpointer,
-    progress: Progress,
-    profiler: Profiler,
+    model: nn.Module, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], step: Step, parts: Components
 ) -> Stop | None:
     """One pass over `batches` (images and labels already on the device), or until a stop: the stop, if any.
-    No GPU sync here: the metrics read the loss back every `metrics.log_every_n_steps` steps, where the ranks
-    agree on what stops the run. The `profiler.range`s label the trace of metrics.profile=true; otherwise they
-    do nothing."""
+    No GPU sync here but where a logging window ends (every `metrics.log_every_n_steps` steps): there the ranks
+    agree on what stops the run. `mark` labels the step's ranges for an instrument that traces them (the
+    profiler of metrics.profile=true); otherwise it does nothing."""
+    faults, instruments, checkpointer, progress, windows = parts.faults, parts.instruments, *parts.engine
+    mark = instruments.range
     model.train()
     for images, labels in batches:
         images, targets = step.mix(images, labels, progress.step)  # mixup/cutmix (train.*_alpha): soft targets
-        logits, loss = step.forward(model, images, targets, mark=profiler.range)  # autocast, the `loss` group's
+        logits, loss = step.forward(model, images, targets, mark=mark)  # autocast, the `loss` group's loss
         if faults.allows_update(loss, progress.step + 1):  # False only with nonfinite=skip and a NaN/inf loss
-            step.update(loss, mark=profiler.range, step=progress.step + 1)  # backward, optimizer, LR schedule, EMA
+            step.update(loss, mark=mark, step=progress.step + 1)  # backward, optimizer, LR schedule, EMA
         progress.advance(labels.shape[0])
-        metrics.step(progress.step, loss, logits, labels)  # accuracy vs the hard labels; one sync per window
+        instruments.on_step_end(progress.step, loss, logits, labels)  # on the device: no sync
+        if windows.due(progress.step):
+            close_window(parts, progress.step)  # the one sync and the one exchange of the window
         checkpointer.step()  # last.pt every checkpoint.every_n_steps steps or checkpoint.every_min minutes
-        profiler.step()  # metrics.profile=true: the trace is written after its last step
         # termination conditions, agreed by every rank at the last logging window (one process: a signal at once)
         stop = faults.stop()  # a stop signal, a NaN/inf loss, the bad-data budget, a failed checkpoint write
         if stop:
             return stop
     return None
+
+
+def close_window(parts: Components, step: int) -> None:
+    """A logging window ends after `step`: the instruments' figures (their read-back of the loss: the window's
+    one sync) and the faults' and the checkpointer's fields go out in one exchange; every rank then acts on the
+    same agreement, and the instruments log it."""
+    perf = parts.instruments.window_report(step)
+    agreed = parts.windows.agree(step, perf)
+    parts.instruments.on_window(step, agreed)
 
 
 class EpochBatches:
@@ -89,7 +97,7 @@ class EpochBatches:
         on_unreadable: Callable[[tuple[tuple[str, str], ...]], None],
         on_batch: Callable[[float, float, tuple], None] | None = None,
         split: str = "train",
-        mark: Callable[[str], contextlib.AbstractContextManager] = no_range,
+        mark: Mark = no_range,
     ) -> None:
         self.loader, self.feed, self.data, self.limit, self.split = loader, feed, data, limit, split
         self.on_unreadable, self.on_batch = on_unreadable, on_batch or (lambda wait, transfer, times: None)
@@ -139,10 +147,14 @@ class Components:
     """What the loop calls besides the model, the data and the update, built once by `run`."""
 
     faults: Faults
-    metrics: Metrics
+    instruments: Instruments  # whatever measures the run; none at all trains the same
     checkpointer: Checkpointer
     progress: Progress
-    profiler: Profiler
+    windows: LoggingWindows  # where the ranks agree, once per logging window
+
+    @property
+    def engine(self) -> tuple[Checkpointer, Progress, LoggingWindows]:
+        return self.checkpointer, self.progress, self.windows
 
 
 @contextlib.contextmanager
@@ -156,7 +168,8 @@ def saved_on_loader_failure(parts: Components) -> Iterator[None]:
         checkpointer = parts.checkpointer
         where = checkpointer.save_and_wait() if parts.faults.alone else checkpointer.settled_checkpoint()
         again = "Run the same command again to continue from it."
-        raise LoaderFailed(f"{failure}. {parts.metrics.memory_peaks()} {where} {again}") from None
+        notes = parts.instruments.failure_notes()  # the metrics: the memory peaks
+        raise LoaderFailed(f"{failure}. {notes + ' ' if notes else ''}{where} {again}") from None
 
 
 @torch.no_grad()
@@ -204,7 +217,8 @@ def fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mo
     for epoch in range(progress.epoch, epochs):
         progress.begin_epoch(epoch)
         data.start_epoch(epoch, progress.samples_in_epoch)
-        parts.metrics.begin_epoch(epoch, len(data.train))
+        parts.instruments.on_epoch_start(epoch, len(data.train))
+        parts.windows.begin(progress.step)
         limit = parts.checkpointer.total_steps - progress.step
         batches = EpochBatches(
             data.train,
@@ -212,15 +226,15 @@ def fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mo
             data.settings,
             limit,
             on_unreadable=parts.faults.unreadable,
-            on_batch=parts.metrics.add_batch,
-            mark=parts.profiler.range,
+            on_batch=parts.instruments.on_batch,
+            mark=parts.instruments.range,
         )
         with saved_on_loader_failure(parts), batches:  # e.g. a worker the OOM killer ended: one line, saved
-            stop = train_one_epoch(
-                model, batches, step, parts.faults, parts.metrics, parts.checkpointer, progress, parts.profiler
-            )
+            stop = train_one_epoch(model, batches, step, parts)
         if stop is None:  # a stopped epoch leaves its partial window unlogged: the resumed run logs it whole
-            parts.metrics.end_epoch(progress.step)  # the epoch's last, partial window: it may agree on a stop too
+            if parts.windows.open(progress.step):  # the epoch's last, partial window: it may agree on a stop too
+                close_window(parts, progress.step)
+            parts.instruments.on_epoch_end(progress.step)
             stop = parts.faults.stop()
         if stop:
             raise parts.checkpointer.stopped(stop)  # saved unless a NaN reached the weights; one line, exit code
@@ -238,7 +252,7 @@ def _end_epoch(model: nn.Module, data: RunData, step: Step, parts: Components, *
     val = evaluate(model, data, step, parts.faults, parts.checkpointer.settled_checkpoint)
     improved = progress.validated(val, ema_best=parts.checkpointer.best_of_ema)
     tags = {tag(metric, ema): val[field(metric, ema)] for ema in _models(step) for metric in VAL_METRICS}
-    parts.metrics.log({**tags, "data/skipped_samples": parts.faults.counts.skipped_samples}, progress.step)
+    parts.instruments.on_eval({**tags, "data/skipped_samples": parts.faults.counts.skipped_samples}, progress.step)
     log.info("epoch %d/%d: %s", progress.epoch + 1, epochs, _figures(val, step))
     if completed:
         progress.end_epoch()

@@ -10,7 +10,7 @@ import hashlib
 import torch
 from torchvision.transforms import v2
 
-from imgtrain.config.schema import TrainConfig
+from imgtrain.config.train import TrainConfig
 
 
 def step_seed(seed: int, step: int) -> int:

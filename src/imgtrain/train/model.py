@@ -1,38 +1,20 @@
-"""The model: any of torchvision's or timm's by name (and mode=loader's stand-in), precision, memory format, DDP
-and compile."""
+"""The models: any of torchvision's or timm's by name, each builder checking its name and options first. A fork's
+own model is a builder beside these (or a module of its own) that conf/model/<name>.yaml names by `_target_`;
+where and how it runs (precision, DDP, compile) is train/placement.py's."""
 
 from __future__ import annotations
 
 import difflib
-import logging
 import re
 from types import ModuleType
 from typing import Any
 
-import torch
 import torchvision
-from hydra.utils import instantiate
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from imgtrain.common.errors import ConfigError, first_line
-from imgtrain.config.schema import (
-    AUTO,
-    Config,
-    Mode,
-    Precision,
-    SystemConfig,
-    TimmModelConfig,
-    TorchvisionModelConfig,
-    model_name,
-)
-from imgtrain.host import dist, optional
+from imgtrain.host import optional
 from imgtrain.train.pretrained import load_matching, read_weights, timm_weights, torchvision_weights
-
-log = logging.getLogger(__name__)
-
-BF16_MIN_CAPABILITY = (8, 0)  # Ampere: native bf16 tensor cores. Older GPUs only emulate it, slowly.
-
 
 # How to list the names each builder takes, for the line that rejects one.
 TORCHVISION_NAMES = 'python -c "import torchvision; print(torchvision.models.list_models(torchvision.models))"'
@@ -47,15 +29,6 @@ def close_names(name: str, names: list[str]) -> str:
     """' (close: a, b)' for the names like `name`, else ''."""
     close = difflib.get_close_matches(name, names, n=3)
     return f" (close: {', '.join(close)})" if close else ""
-
-
-def check_model(model: Any) -> None:
-    """The model's name and options checked before any work starts (its builder checks them again): an unknown
-    name or a ResNet-only option elsewhere is one line. A fork's own builder is left to itself."""
-    if isinstance(model, TorchvisionModelConfig) and model._target_ == TorchvisionModelConfig._target_:
-        check_torchvision(model.arch, model.cifar_stem, model.zero_init_residual)
-    elif isinstance(model, TimmModelConfig) and model._target_ == TimmModelConfig._target_:
-        check_timm(optional.require("timm", "model=timm"), model.name)
 
 
 def check_torchvision(arch: str, cifar_stem: bool = False, zero_init_residual: bool = False) -> None:
@@ -149,100 +122,3 @@ def build_timm(
         path = str(pretrained)
         load_matching(model, read_weights(path, timm.models.load_state_dict), path, num_classes)
     return model
-
-
-class LoaderProbe(nn.Module):
-    """mode=loader's model: reads every pixel of the batch (one mean) and has 10 parameters, so the same loop
-    runs with the model's cost taken out, and what is left is the input pipeline and the copy."""
-
-    def __init__(self, num_classes: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(1, num_classes))
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return images.mean(dim=(1, 2, 3))[:, None] * self.weight
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Number of trainable parameters."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def resolve_precision(requested: str, device: torch.device) -> Precision:
-    """`auto` is bf16 on GPUs with native bf16 (compute capability 8.0+), else fp32; reject what cannot run."""
-    cuda = device.type == "cuda"
-    # The device in use, not device 0; torch.cuda.is_bf16_supported() also says yes where bf16 is emulated.
-    capability = torch.cuda.get_device_capability(device) if cuda else None
-    bf16_ok = cuda and capability >= BF16_MIN_CAPABILITY
-    if requested == Precision.auto:
-        return Precision.bf16 if bf16_ok else Precision.fp32
-    if requested == Precision.fp16 and not cuda:
-        raise ConfigError("system.precision=fp16 needs a CUDA device: on CPU use fp32 or bf16")
-    if requested == Precision.bf16 and cuda and not bf16_ok:
-        major, minor = capability
-        raise ConfigError(
-            f"system.precision=bf16 needs compute capability 8.0 or higher, and {device} has {major}.{minor}: "
-            "use system.precision=fp16 or fp32"
-        )
-    return Precision(requested)
-
-
-def memory_format_for(channels_last: bool | str, device: torch.device) -> torch.memory_format:
-    """`auto` is channels_last on CUDA: NHWC lets cuDNN use tensor-core convolutions directly."""
-    on = device.type == "cuda" if channels_last == AUTO else bool(channels_last)
-    return torch.channels_last if on else torch.contiguous_format
-
-
-def prepare_model(
-    settings: Config,
-    num_classes: int,
-    device: torch.device,
-    memory_format: torch.memory_format,
-    info: dist.DistInfo,
-) -> tuple[nn.Module, nn.Module]:
-    """(the module to call, the underlying one for saving and parameter groups): DDP and compile as set."""
-    if settings.mode == Mode.loader:
-        model = LoaderProbe(num_classes)  # the input pipeline's ceiling: no model cost, the same loop
-    else:
-        model = instantiate(settings.model, num_classes=num_classes)
-    model = model.to(device, memory_format=memory_format)
-    log.info(
-        "model: %s, %.1fM parameters, %s", model_name(settings.model), count_parameters(model) / 1e6, memory_format
-    )
-    base = model
-    if info.enabled:
-        # broadcast_buffers (DDP's default): every forward first broadcasts rank 0's BatchNorm statistics, one
-        # coalesced collective of 39 KB for ResNet-18 and 213 KB for ResNet-50, a few tens of microseconds on
-        # NVLink beside a step of milliseconds (not measured here: one GPU). Without it each rank's statistics
-        # drift apart and the checkpoint (rank 0's) would not be the model the other ranks validate.
-        device_ids = [device.index] if device.type == "cuda" else None
-        model = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=True)
-    return compiled(model, settings.system), base
-
-
-def compiled(model: nn.Module, system: SystemConfig) -> nn.Module:
-    """`model` through torch.compile in system.compile_mode, or itself with system.compile=false. Compiled
-    around DDP (not inside it), so Dynamo splits the graph at DDP's buckets and their all-reduces overlap the
-    backward pass."""
-    return torch.compile(model, mode=str(system.compile_mode)) if system.compile else model
-
-
-def uncompiled(model: nn.Module) -> nn.Module:
-    """The module under torch.compile's wrapper (itself when not compiled)."""
-    return getattr(model, "_orig_mod", model)
-
-
-def evaluation_module(model: nn.Module, cuda_graphs: bool = False) -> nn.Module:
-    """The module validation calls. Under DDP, the wrapped module itself: DDP's forward broadcasts the buffers
-    (BatchNorm statistics) from rank 0 on every call, a collective that hangs when the ranks have different numbers
-    of validation batches (LitData does not pad its shares; ShardSampler's can differ by one at a batch boundary).
-    The buffers are broadcast once here instead, as DDP's first forward did, so the figures do not change. With
-    system.compile=true under DDP, validation therefore runs uncompiled. So it does with `cuda_graphs` (a compile
-    mode that records them): validation's batch size and its last, smaller batch would each record graphs of
-    their own, in memory held for the rest of the run."""
-    wrapped = uncompiled(model)  # torch.compile's wrapper around DDP
-    if not isinstance(wrapped, DistributedDataParallel):
-        return wrapped if cuda_graphs else model
-    for buffer in wrapped.module.buffers():
-        torch.distributed.broadcast(buffer, src=0)
-    return wrapped.module

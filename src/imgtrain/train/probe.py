@@ -2,15 +2,15 @@
 
 `data.num_workers=tune` compares every loader against it, and the verdict tells CPU contention from
 compute-bound with it (metrics.compute_probe). It must time the model as the run runs it: a copy of the model,
-compiled in the run's system.compile_mode (a compiled ResNet-18 at 32 px on an H100 ran 5,542 images/s in the
-bare loop against 3,950 eager), stepped by the run's own `Step` (CUDA-graph step marks included), and never a
+compiled in the run's system.compile_mode (compiled and eager rates can differ widely: BENCHMARKS.md, the H100
+ResNet-50 ceilings), stepped by the run's own `Step` (CUDA-graph step marks included), and never a
 sync per step, which would leave the GPU idle between steps and read a launch-bound model as slower than it is.
 
 What the probe compiles is its own and goes with it. Dynamo keeps compiled code on the code object of the frame it
 compiled and guards a module by its type, not its identity (parameters are graph inputs), so a copy compiled
 through the model's own `forward` would leave an entry that the run's model, compiled after it with the same
 shapes, runs as its own: under torchrun a graph compiled outside DDP, without DDP's bucket split
-(`train.model.compiled`), and with CUDA graphs the graphs recorded at the copy's parameter addresses, which the
+(`train.placement.compiled`), and with CUDA graphs the graphs recorded at the copy's parameter addresses, which the
 run's model records again beside them. So the copy is compiled through `OwnForward`, a frame only probes run, and
 `release` drops that frame's entries alone (`torch._dynamo.reset()` would drop the run's graphs too). The run's
 model then traces its own graph, and inductor finds its kernels in its cache (the forward and backward on the CPU).
@@ -28,9 +28,10 @@ import torch
 from torch import nn
 from torch._dynamo.eval_frame import remove_from_cache
 
-from imgtrain.config.schema import Config, Precision
+from imgtrain.config.schema import Config
+from imgtrain.config.system import Precision
 from imgtrain.metrics.spread import Rate
-from imgtrain.train.model import compiled
+from imgtrain.train.placement import compiled
 from imgtrain.train.step import Step, build_step
 
 log = logging.getLogger(__name__)

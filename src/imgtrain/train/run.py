@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import math
@@ -21,9 +22,11 @@ from omegaconf import DictConfig
 from imgtrain.common.atomic import BadJSON, read_json, write_json
 from imgtrain.common.disk import disk_full_line, is_disk_full
 from imgtrain.common.errors import ConfigError, RunError, is_bad_input
-from imgtrain.config.schema import TUNE, Config, Mode, validate
+from imgtrain.config.fields import TUNE
+from imgtrain.config.schema import Config, Mode
+from imgtrain.config.validate import validate
 from imgtrain.data import streamed
-from imgtrain.data.pipeline import RunData, build_data, save_loader_args, use_tuned_workers
+from imgtrain.data.pipeline import RunData, build_data, save_loader_args
 from imgtrain.host import dist
 from imgtrain.metrics import Metrics
 from imgtrain.metrics.preflight import preflight
@@ -31,14 +34,16 @@ from imgtrain.metrics.profiling import Profiler
 from imgtrain.metrics.spread import MIN_WINDOWS, Rate
 from imgtrain.metrics.stage_breakdown import PipelineMeter
 from imgtrain.resilience import rundir
+from imgtrain.resilience.agreement import LoggingWindows
 from imgtrain.resilience.checkpoint import Checkpointer
 from imgtrain.resilience.faults import Faults, Preempted, restore_after_ending
 from imgtrain.sweep.jobs import STOPPED
 from imgtrain.sweep.report import build_report
 from imgtrain.train import tune
 from imgtrain.train.cli import one_line
+from imgtrain.train.instruments import Instruments, RunEnd
 from imgtrain.train.loop import Components, fit
-from imgtrain.train.model import check_model, memory_format_for, prepare_model, resolve_precision
+from imgtrain.train.placement import check_model, memory_format_for, prepare_model, resolve_precision
 from imgtrain.train.probe import ModelProbe
 from imgtrain.train.step import build_step
 
@@ -143,7 +148,10 @@ def _run(settings: Config) -> dict:
         logging.getLogger().setLevel(logging.WARNING)  # other ranks print warnings and errors only
     dist.setup(info, device, settings.faults.dist_timeout_s)
     try:
-        return _train(settings, info, device, precision)
+        started = time.perf_counter()
+        out_dir = Path(dist.broadcast_plain(settings.output_dir, info))  # rank 0's run directory, on every rank
+        with rundir.hold(out_dir, info):  # one writer per run directory: another run there stops here, with one line
+            return _train_locked(settings, info, device, precision, out_dir, started)
     except RuntimeError as error:
         lost = dist.lost_peer(error, info)  # another rank failed first: one line here, its own reason there
         if lost is None:
@@ -172,28 +180,21 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     torch.backends.cudnn.benchmark = not deterministic
 
 
-def _train(settings: Config, info: dist.DistInfo, device: torch.device, precision: str) -> dict:
-    started = time.perf_counter()
-    out_dir = Path(dist.broadcast_plain(settings.output_dir, info))  # rank 0's run directory, on every rank
-    with rundir.hold(out_dir, info):  # one writer per run directory: another run there stops here, with one line
-        return _train_locked(settings, info, device, precision, out_dir, started)
-
-
 def _train_locked(
     settings: Config, info: dist.DistInfo, device: torch.device, precision: str, out_dir: Path, started: float
 ) -> dict:
     seed_everything(settings.train.seed, settings.system.deterministic)
     memory_format = memory_format_for(settings.system.channels_last, device)
-    data = build_data(settings, info, device, memory_format, out_dir)
-    steps_per_epoch = len(data.train)
-    total_steps = min(settings.train.epochs * steps_per_epoch, settings.train.max_steps or math.inf)
-    epochs = math.ceil(total_steps / steps_per_epoch)
+    data = build_data(settings, info, device, memory_format, out_dir)  # num_workers=tune: no training loader yet
     model, base = prepare_model(settings, data.bundle.num_classes, device, memory_format, info)
     # the model's own images/s in `seconds`: a copy of it, compiled as the run's, on a batch already on the device
     model_rate = ModelProbe(base, data.bundle.num_classes, settings, device, precision, memory_format)
     if settings.data.num_workers == TUNE:
         _tune_workers(settings, data, info, device, model_rate, out_dir)
         model_rate.release()  # its copy, optimizer state and compiled code: the model compiles its own graph
+    steps_per_epoch = len(data.train)
+    total_steps = min(settings.train.epochs * steps_per_epoch, settings.train.max_steps or math.inf)
+    epochs = math.ceil(total_steps / steps_per_epoch)
     environment = preflight(settings, info, device, data)  # warns of limits the loaders will likely hit
     # memory_format: mixed batches go back to the model's (on CUDA MixUp's output is NCHW, train/mixing.py)
     keys = {"num_classes": data.bundle.num_classes, "world_size": info.world_size, "memory_format": memory_format}
@@ -213,27 +214,40 @@ def _train_locked(
     if progress.step >= total_steps and finished.exists():
         log.info("this run already finished at step %d: %s is kept as it is", progress.step, finished)
         return _finished_summary(finished, progress.step)
-    pipeline = PipelineMeter(data.loader_args["train"]["num_workers"], data.feed.copy_timer, data.feed.decode_timer)
-    agreeing = {"also_agreeing": [checkpointer], "pipeline": pipeline, "environment": environment}
-    profiler = Profiler(settings.metrics, device, info, out_dir, steps_left=total_steps - progress.step)
-    metrics = Metrics(settings, device, info, out_dir, faults, **agreeing, profiled_steps=profiler.profiled_steps)
-    parts = Components(faults, metrics, checkpointer, progress, profiler)
+    measuring = instruments_for(settings, info, device, out_dir, data, faults, environment, total_steps - progress.step)
+    instruments = Instruments(measuring)
+    # the ranks' one exchange per logging window: the loop's own, whatever measures the run
+    every = settings.metrics.log_every_n_steps
+    windows = LoggingWindows(every, total_steps, [faults, checkpointer], also_at=instruments.window_ends())
+    parts = Components(faults, instruments, checkpointer, progress, windows)
     lr = lambda: step.scheduler.get_last_lr()[0]  # noqa: E731
-    running = metrics.running(progress.step, total_steps, lr=lr)
-    with contextlib.closing(data), faults, checkpointer.writing(), running, profiler:  # closing: workers stop now
+    running = instruments.running(progress.step, total_steps, lr=lr)
+    with contextlib.closing(data), faults, checkpointer.writing(), running:  # closing: workers stop now
         fit(model, data, step, parts, settings.mode, epochs)
-    own_rate = _own_rate(settings, data, metrics, device, model_rate)
-    wall_time_s = time.perf_counter() - started
-    summary = metrics.summary(
-        progress,
-        precision,
-        data.loader_args,
-        wall_time_s,
-        compute=own_rate,
-        profile_trace=profiler.trace,
-    )
-    metrics.finish(summary, finished)
-    return summary
+    own_rate = functools.partial(_own_rate, settings, data, device, model_rate)  # (wait_frac, busy_cores) -> rate
+    return instruments.finish(RunEnd(progress, precision, data.loader_args, started, own_rate), finished)
+
+
+def instruments_for(
+    settings: Config,
+    info: dist.DistInfo,
+    device: torch.device,
+    out_dir: Path,
+    data: RunData,
+    faults: Faults,
+    environment: dict,
+    steps_left: int,
+) -> list:
+    """What measures the run, in one list (`train/instruments.py`): the run trains the same, alone and under DDP,
+    with an entry deleted, or with none (then no metrics.json: `run` returns the steps and validation figures)."""
+    profiler = Profiler(settings.metrics, device, info, out_dir, steps_left=steps_left)
+    pipeline = PipelineMeter(data.loader_args["train"]["num_workers"], data.feed.copy_timer, data.feed.decode_timer)
+    # the profiled steps run slower: the metrics leave them out of the steady state (none without metrics.profile)
+    measured = {"pipeline": pipeline, "environment": environment, "profiled_steps": profiler.profiled_steps}
+    return [
+        Metrics(settings, device, info, out_dir, faults, **measured),  # windows, TensorBoard, bar, metrics.json
+        profiler,  # metrics.profile=true: a Perfetto trace of a few steady-state steps
+    ]
 
 
 def _finished_summary(path: Path, step: int) -> dict:
@@ -259,30 +273,37 @@ def _tune_workers(
     model_rate: ModelProbe,
     out_dir: Path,
 ) -> None:
-    """data.num_workers=tune: probe, then train with the chosen count; auto's count where there is no loader."""
-    if settings.mode != Mode.train or settings.data.device_resident:
+    """data.num_workers=tune: probe, then build the training loader (once) with the chosen count; auto's count where
+    build_data built it already (no loader to probe: mode=loader or compute, data.device_resident)."""
+    if data.train is not None:
         why = f"mode={settings.mode}" if settings.mode != Mode.train else "data.device_resident=true"
         log.info("data.num_workers=tune: nothing to probe with %s; keeping auto's count", why)
         return
     model_rate.ready()  # compiled and warmed up before the tuning clock starts
     try:
-        tuned = tune.tune_workers(data.bundle.train, settings, data.planner, data.feed, info, model_rate)
+        tuned = tune.tune_workers(data.bundle.train, settings, data.train_plan, data.feed, info, model_rate)
     except (RuntimeError, OSError) as error:  # a probe's workers failed: training would say why, with its count
         log.warning("data.num_workers=tune: the probe failed (%s); keeping auto's count", one_line(error))
+        data.build_train(data.loader_args["train"]["num_workers"])  # the count planned before the probe
         return
-    use_tuned_workers(data, settings.train.seed, tuned)
+    data.build_train(tuned["chosen"], tuned)
     save_loader_args(data, info, out_dir)
 
 
 def _own_rate(
-    settings: Config, data: RunData, metrics: Metrics, device: torch.device, model_rate: ModelProbe
+    settings: Config,
+    data: RunData,
+    device: torch.device,
+    model_rate: ModelProbe,
+    wait_frac: float | None,
+    busy_cores: float,
 ) -> Rate | None:
     """The model's own images/s, for telling CPU contention from compute-bound: the tune probe's, or timed now
-    (with the workers idle) when metrics.compute_probe says so."""
+    (with the workers idle) when metrics.compute_probe says so, given this rank's steady data-wait share
+    (`wait_frac`, None: not measured) and the CPU cores its loading kept busy."""
     tuned = data.loader_args.get("tune")
     if tuned:
         return Rate.read(tuned, "compute_images_per_sec", samples=tuned["rounds"])
-    wait_frac, busy_cores = metrics.local_input_load()
     workers = data.loader_args["train"]["num_workers"]
     probe = settings.metrics.compute_probe
     if settings.mode != Mode.train or not tune.contention_plausible(probe, wait_frac, busy_cores, workers, device):

@@ -17,7 +17,8 @@ import torch
 from hydra.utils import get_class, instantiate
 from torch import nn
 
-from imgtrain.config.schema import Config, Precision
+from imgtrain.config.schema import Config
+from imgtrain.config.system import Precision
 from imgtrain.train.ema import WeightAverage
 from imgtrain.train.mixing import Mixing
 

@@ -22,7 +22,7 @@ from imgtrain.config.schema import Config
 from imgtrain.data.failures import stop_workers
 from imgtrain.data.feed import Feed
 from imgtrain.data.loader import LoaderPlan
-from imgtrain.data.pipeline import Planner, make_loader
+from imgtrain.data.pipeline import build_loader, check_batches
 from imgtrain.host import dist
 from imgtrain.host.cpus import CpuBudget, available_cpus, cpu_budget
 from imgtrain.metrics.report import INPUT_BOUND_WAIT
@@ -44,7 +44,8 @@ def _sync(device: torch.device) -> None:
 def loader_rate(dataset: Any, plan: LoaderPlan, feed: Feed, seconds: float, info: dist.DistInfo, seed: int) -> float:
     """Images/s the training loader delivers onto the device with `plan`, over the second half of `seconds`
     after its first batch: start-up is left out, and so are the batches the workers had ready at the start."""
-    loader = make_loader(dataset, plan, train=True, seed=seed, rank=info.rank, world_size=info.world_size)
+    loader = build_loader(dataset, plan, train=True, seed=seed, rank=info.rank, world_size=info.world_size)
+    check_batches(loader, dataset, plan.kwargs["batch_size"], info.world_size)  # a split smaller than one batch
     batches = iter(loader)
     try:
         with feed.batches(batches) as ready:
@@ -121,13 +122,15 @@ def worker_candidates(local_world_size: int) -> tuple[list[int], CpuBudget]:
 def tune_workers(
     dataset: Any,
     settings: Config,
-    planner: Planner,
+    plan: Callable[[int], LoaderPlan],
     feed: Feed,
     info: dist.DistInfo,
     model_rate: Callable[[float], Rate],
 ) -> dict[str, Any]:
     """Probe the model alone and the training loader at `worker_counts` of this rank's CPU share, in interleaved
     rounds, and choose (each rank for itself) once the choice is separated or data.tune_budget_s is spent.
+    `plan(workers)`: the run's training plan with `workers` workers (RunData.train_plan), so the probe plans as
+    training will; the training loader is built afterwards, once, with the choice (RunData.build_train).
 
     `model_rate(seconds)` measures the model's images/s (a `probe.ModelProbe`, built beforehand). Each round
     probes the model, then each count, for the same time: a machine that slows down during tuning slows every
@@ -151,8 +154,8 @@ def tune_workers(
         round_started = time.perf_counter()
         compute.append(model_rate(seconds).median)
         for workers in counts:
-            plan = planner.train(workers)  # the run's own route to a plan: the probe plans as training will
-            samples[workers].append(loader_rate(dataset, plan, feed, seconds, info, settings.train.seed + rounds))
+            rate = loader_rate(dataset, plan(workers), feed, seconds, info, settings.train.seed + rounds)
+            samples[workers].append(rate)
         rounds += 1
         candidates = {workers: Rate.of(rates) for workers, rates in samples.items()}
         chosen, reason, separated = choose(candidates, Rate.of(compute))

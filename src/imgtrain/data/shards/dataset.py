@@ -24,8 +24,9 @@ from imgtrain.common.errors import RunError
 from imgtrain.config.datasets import MAX_IMAGE_PIXELS
 from imgtrain.config.fields import AugmentOn
 from imgtrain.data import batched, decoders
-from imgtrain.data.datasets import CorruptSampleError, DatasetBundle, imagenet_transforms, triple
+from imgtrain.data.datasets import DatasetBundle, imagenet_transforms, triple
 from imgtrain.data.decoders import DECODE_ERRORS, decode_bytes, error_reason
+from imgtrain.data.image_files import CorruptSampleError
 from imgtrain.data.jpeg import EncodedJpeg, jpeg_problem
 from imgtrain.data.loader import LoaderPlan
 from imgtrain.data.samplers import sample_seed
@@ -115,7 +116,7 @@ class ShardSplit(StreamingDataset, StreamedSplit):
         drop_last, whole batches per rank only (0 when the split holds fewer than world_size x batch_size)."""
         return self._samples
 
-    def make_loader(
+    def build_loader(
         self,
         plan: LoaderPlan,
         *,

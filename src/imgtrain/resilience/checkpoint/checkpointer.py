@@ -22,7 +22,8 @@ from torch import nn
 
 from imgtrain.common.disk import disk_full_line, is_disk_full
 from imgtrain.common.errors import ConfigError, RunError, first_line
-from imgtrain.config.schema import BestOf, Config, Mode
+from imgtrain.config.checkpoint import BestOf
+from imgtrain.config.schema import Config, Mode
 from imgtrain.host import dist
 from imgtrain.resilience.agreement import Agreement
 from imgtrain.resilience.checkpoint.changes import changed_settings
