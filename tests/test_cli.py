@@ -89,9 +89,13 @@ def test_bad_input_is_one_clear_line(override: str, expected: str, tmp_path: Pat
 
 @pytest.mark.parametrize(
     ("override", "expected"),
-    [  # each a train.py process (3.4 s on 2 cores): two in `make test`, the rest in `make test-slow`
+    [  # each a train.py process (3.4 s on 2 cores): one in `make test`, the rest in `make test-slow`
         ("data.num_workers=-1", "error: data.num_workers=-1 is invalid: expected an integer >= 0, auto or tune"),
-        ("system.device=cuda {fake_gpu}", "2 processes on this node but only 1 GPU(s) are visible"),
+        pytest.param(
+            "system.device=cuda {fake_gpu}",
+            "2 processes on this node but only 1 GPU(s) are visible",
+            marks=pytest.mark.slow,
+        ),
         pytest.param(
             "trainer.epochs=3",
             "error: trainer.epochs is now train.epochs (trainer.* was split by concern",

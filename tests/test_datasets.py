@@ -141,6 +141,7 @@ def test_shapes_losing_the_rename_keeps_the_winners_tree(tmp_path, monkeypatch):
     assert len(files_under(tmp_path)) == 30
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 def test_shapes_concurrent_generation_from_two_processes(tmp_path):
     start = time.time() + 2.0  # both processes begin generating at the same moment
     code = (

@@ -17,6 +17,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from imgtrain.common.errors import ConfigError
 from imgtrain.host import dist
 
+# The whole file is slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
+pytestmark = pytest.mark.slow
+
 # 256 training images over 2 ranks of 32 = 4 steps per epoch; 65 validation images (odd: DistributedSampler
 # would pad one duplicate).
 DDP = list(FAST)  # its dataset.num_val, data.num_workers and train.epochs are overridden where it is used

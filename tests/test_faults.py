@@ -69,6 +69,7 @@ def test_a_crashed_worker_gets_a_cause_and_a_setting(
     _assert_one_line_with(str(caught.value), expected)
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 def test_a_worker_killed_during_an_epoch_is_found_by_the_next_batch_and_explained(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

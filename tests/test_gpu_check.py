@@ -57,6 +57,7 @@ def _report(out: Path) -> dict:
     return report
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 def test_a_passed_deadline_leaves_the_environment_check_and_says_why_for_the_rest(
     gpu_box: gpubox.Box, tmp_path: Path
 ) -> None:
@@ -107,6 +108,7 @@ def test_the_quick_check_runs_every_part_in_the_gpu_box(gpu_box: gpubox.Box, tmp
         assert "runs/r18_ceiling/metrics.json" in tar.getnames()
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 def test_every_stated_gpu_test_exists_and_every_cuda_path_has_one() -> None:
     """The selection gpu-check runs by default names tests pytest collects (a renamed test fails here, not on the
     GPU box), and covers the CUDA paths the issue lists."""
@@ -120,6 +122,7 @@ def test_every_stated_gpu_test_exists_and_every_cuda_path_has_one() -> None:
     assert paths | {"device-resident data"} <= set(gpu_tests.GPU_TESTS)
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 def test_tests_cut_at_their_limit_still_report_what_finished(tmp_path: Path) -> None:
     """SIGINT at the limit: pytest writes its JUnit XML with the tests that finished; the one it cut and those it
     never reached are named as not reached."""

@@ -36,6 +36,7 @@ def make(box: gpubox.Box, *args: str, timeout: float = TIMEOUT_S) -> subprocess.
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 def test_make_test_gpu_collects_every_cuda_test_there(gpu_box: gpubox.Box) -> None:
     """`make test-gpu NOVENV=1` installs nothing and collects every CUDA test, the modules of the absent engines
     reported as skipped, not errors. First, the emulation itself: each absent package is absent (so this test can

@@ -72,6 +72,7 @@ def test_a_manifest_or_index_nested_too_deeply_stops_the_run_in_one_line(shards:
     assert str(error).startswith(f"{root / 'val' / INDEX} cannot be read as LitData's index (nested too deeply")
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 @pytest.mark.parametrize("text", [DEEP, "[1, 2]"], ids=["deep", "not a mapping"])
 def test_a_finished_runs_damaged_summary_is_one_line(text: str, tmp_path: Path, data_dir: Path) -> None:
     """Run again in a finished run's directory, the summary it returns is read from metrics.json."""

@@ -26,6 +26,7 @@ def _dataset(n: int = 64) -> TensorDataset:
     return TensorDataset(torch.arange(n).view(n, 1).float(), torch.arange(n) % 4)
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 @pytest.mark.parametrize("workers", [0, 1])  # 1: one spawned process importing torch (each ~3 s on 2 busy cores)
 def test_worker_only_options_are_dropped_at_zero_workers(workers: int) -> None:
     data = DataConfig(

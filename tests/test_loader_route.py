@@ -48,6 +48,7 @@ def test_a_default_run_builds_each_loader_once(tmp_path: Path, data_dir: Path, m
     assert built == [("train", 1), ("val", 1)] and not probes
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 def test_device_resident_data_builds_no_training_dataloader(tmp_path: Path, data_dir: Path, monkeypatch) -> None:
     """The training set is decoded once (one DataLoader pass), then batched on the device: no training DataLoader."""
     built, _ = _count_loaders(monkeypatch)

@@ -152,6 +152,7 @@ def test_device_side_augmentation_resumes_exactly(tmp_path: Path, monkeypatch: p
     _same_weights(tmp_path / "straight", tmp_path / "part")
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 def test_a_damaged_last_checkpoint_falls_back_to_the_previous_one(
     straight: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

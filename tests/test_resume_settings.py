@@ -72,6 +72,7 @@ def _checkpoint(run_dir: Path) -> dict:
     return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_a_run_resumed_with_more_epochs_follows_the_schedule_of_its_own_length(
     schedule: str, tmp_path: Path, caplog: pytest.LogCaptureFixture

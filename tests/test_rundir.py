@@ -53,6 +53,7 @@ def _write_lock(run_dir: Path, heartbeat: float | None = None, **fields) -> None
     os.utime(run_dir / LOCK_NAME, (beat, beat))
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 def test_a_second_run_in_a_held_directory_is_refused_before_touching_it(holder, data_dir: Path) -> None:
     run_dir, proc = holder
     before = (run_dir / LOCK_NAME).read_text()

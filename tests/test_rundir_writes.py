@@ -218,6 +218,7 @@ HYDRA_PLANTS = {  # what Hydra writes before any task code runs: .hydra/ and the
 HYDRA_CASES = [case if case == ".hydra" else pytest.param(case, marks=pytest.mark.slow) for case in HYDRA_PLANTS]
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 @pytest.mark.parametrize("case", HYDRA_CASES)
 def test_hydra_never_writes_through_another_users_link(case: str, tmp_path: Path, data_dir: Path) -> None:
     """The callback that runs first refuses before Hydra writes .hydra/config.yaml or the log: exit status 2,

@@ -179,6 +179,7 @@ def test_a_damaged_shard_stops_the_run_in_one_line_before_any_step(damage, damag
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "tb").exists()
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 def test_a_corrupt_image_inside_a_shard_is_replaced_in_training_dropped_in_validation(
     damaged: Path, tmp_path: Path
 ) -> None:

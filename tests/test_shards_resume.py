@@ -115,6 +115,7 @@ def test_under_ddp_each_rank_reads_a_disjoint_share_and_each_sample_once(shards:
     assert read_metrics(tmp_path / "run")["steps"] == 4 and read_metrics(tmp_path / "run")["world_size"] == 2
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 @pytest.mark.parametrize("how", ["SIGTERM to the process", "Ctrl-C to the group"])
 def test_a_stopped_conversion_removes_its_staging_folder_and_workers(how: str, source: Path, tmp_path: Path) -> None:
     """About 4 s each. SIGTERM used to end the converter on the spot, and Ctrl-C ended it with status 0 (LitData's

@@ -21,6 +21,9 @@ from s3server import S3Server, free_port, s3_server, silent_endpoint  # noqa: E4
 from imgtrain.common.errors import ConfigError  # noqa: E402
 from imgtrain.train.run import run  # noqa: E402
 
+# The whole file is slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
+pytestmark = pytest.mark.slow
+
 ROOT = "s3://shards/shapes"
 
 

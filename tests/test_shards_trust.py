@@ -28,6 +28,9 @@ from imgtrain.data.shards.dataset import ShardError, ShardSplit, build_shards  #
 from imgtrain.data.shards.manifest import MANIFEST, PARTIAL  # noqa: E402
 from imgtrain.data.shards.store import Location  # noqa: E402
 
+# The whole file is slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
+pytestmark = pytest.mark.slow
+
 BUCKET = "trust"
 
 
