@@ -125,6 +125,7 @@ def test_a_kill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path:
         from imgtrain.resilience import checkpoint
         store = checkpoint.CheckpointStore(pathlib.Path({str(tmp_path)!r}), enabled=True)
         store.save(_payload(1))
+        pathlib.Path({str(tmp_path / "first.done")!r}).touch()  # the first save is whole: watch for the second
         os.fsync = lambda fd: time.sleep(600)  # hold the second save between its write and its rename
         store.save(_payload(2, size=2_000_000))
         """
@@ -133,7 +134,9 @@ def test_a_kill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path:
     script = "from __future__ import annotations\n" + inspect.getsource(_payload) + script
     proc = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.monotonic() + 60
-    while not list(tmp_path.glob(".last.pt.*.tmp")):
+    # the second save's temporary file, not the first save's (an fsync on a busy disk can hold that one for a
+    # while: killed then, there would be no last.pt to keep)
+    while not ((tmp_path / "first.done").exists() and list(tmp_path.glob(".last.pt.*.tmp"))):
         assert proc.poll() is None and time.monotonic() < deadline, "the second save never started"
         time.sleep(0.05)
     time.sleep(0.2)
