@@ -97,3 +97,21 @@ def test_augment_loaders_without_the_timm_wheel_say_why(tmp_path: Path, monkeypa
     result["timm"] = {"version": "1.0.28", "note": why}
     text = "\n".join(recipes.render({"augment_loaders": result}))
     assert why in text and "| randaugment | `rand-m9-n2` | 1 | 100 (100-100) | — | — | 100 | — | — |" in text
+
+
+@pytest.mark.slow  # renders 6- and 12-MP photos and decodes each several ways: about 10 s on 2 cores
+def test_scaled_decode_measures_every_decoder_at_the_factor_each_use_needs(tmp_path: Path) -> None:
+    """benchmarks/scaled_decode.py: every set and use has a row per decoder, and the factors are those the uses
+    need (12 MP validated at 1/8: 3000 // 256 = 11; ImageNet's 375-px side at 1/1)."""
+    out = tmp_path / "scaled.json"
+    cmd = [sys.executable, "benchmarks/scaled_decode.py", "--files=1", "--rounds=1", f"--json={out}"]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rates = json.loads(out.read_text())["rates"]
+    assert set(rates) == {f"{name} {use}" for name in ("6mp", "12mp", "imagenet") for use in ("rrc", "val")}
+    for row in rates.values():
+        assert {"torchcodec (full)", "PIL (full)", "PIL draft (scaled)"} <= set(row) and row["factors"]
+        assert all(rate[0] > 0 for key, rate in row.items() if key != "factors")
+    assert rates["12mp val"]["factors"] == [8] and rates["6mp val"]["factors"] == [4]
+    assert rates["imagenet val"]["factors"] == [1] and rates["imagenet rrc"]["factors"] == [1]
+    assert "| 12mp val (factor 8) | torchcodec (full) |" in result.stdout
