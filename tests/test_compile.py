@@ -106,6 +106,7 @@ def test_validation_with_cuda_graphs_runs_the_uncompiled_module(compiles: list[C
     assert evaluation_module(model, cuda_graphs=False) is model
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 def test_validation_runs_a_batch_of_another_size_uncompiled(compiles: list[Compiled], tmp_path) -> None:
     """The compiled model validates full batches only (one more compile, for inference): the last, smaller batch
     would make it compile again, so it runs eagerly. 70 validation images in batches of 64: 64 compiled, 6 not."""

@@ -386,6 +386,7 @@ def test_a_forks_schedule_without_a_schema_is_checked_against_its_builder() -> N
     assert validate(cfg).schedule["warmup_epochs"] == 1
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 def test_help_lists_the_options_not_the_schemas(tmp_path: Path) -> None:
     """The ConfigStore's `base_...` entries are the YAML files' bases, not choices: --help leaves them out."""
     shown = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True)

@@ -42,6 +42,7 @@ def _count_loaders(monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, int
     return built, probes
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 def test_a_default_run_builds_each_loader_once(tmp_path: Path, data_dir: Path, monkeypatch) -> None:
     built, probes = _count_loaders(monkeypatch)
     run_module.run(compose_cfg(*FAST, output_dir=str(tmp_path)))

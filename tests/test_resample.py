@@ -301,6 +301,7 @@ def test_in_memory_datasets_transform_whole_batches(transform, pad, size) -> Non
     assert batch.times.samples == 10 and batch.times.augment > 0
 
 
+@pytest.mark.slow  # slow: the fast suite's budget (make test <= 120 s on 2 cores); CI runs it in make test-slow
 def test_a_run_augmenting_on_the_device_trains_and_reruns_bit_identically(tmp_path: Path, data_dir: Path) -> None:
     """The whole loop with data.augment_on=device (the training process crops, as a GPU would): it trains, says
     where it augments, and a deterministic rerun gives the same losses to the bit."""
