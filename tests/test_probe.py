@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import compose_cfg
+from test_recipe import tiny_cnn  # tests/test_recipe.py: the same small CNN
 from torch import nn
 from torch._dynamo import convert_frame
 from torch._dynamo.backends.distributed import DDPOptimizer
@@ -46,14 +47,7 @@ class TinyNet(nn.Module):
 
     def __init__(self, num_classes: int, **model_keys: object) -> None:
         super().__init__()
-        self.body = nn.Sequential(  # 6 parameter tensors; BatchNorm statistics as a real model's
-            nn.Conv2d(3, 8, 3, padding=1),
-            nn.BatchNorm2d(8),
-            nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-            nn.Linear(8, num_classes),
-        )
+        self.body = tiny_cnn(num_classes)  # 6 parameter tensors; BatchNorm statistics as a real model's
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.body(images)

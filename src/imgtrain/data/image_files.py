@@ -27,7 +27,26 @@ class CorruptSampleError(Exception):
         self.path, self.reason = path, reason
 
 
-class ImageFileDataset(Dataset):
+class DecodedSamples(Dataset):
+    """A dataset whose `decoded(index)` gives (uint8 [3, H, W], label) and records the read and decode stages: an
+    item is that image through `transform` (the per-sample path; batched crops call `decoded` alone), its augment
+    stage timed. Image files and a user's own Dataset (data/user_datasets.py) share it."""
+
+    transform: Any
+
+    def decoded(self, index: int) -> tuple[torch.Tensor, int]:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        raw, label = self.decoded(index)
+        read, decode, _ = stages.take()
+        started = time.perf_counter()
+        image = self.transform(raw).contiguous()
+        stages.record(read, decode, time.perf_counter() - started)
+        return image, label
+
+
+class ImageFileDataset(DecodedSamples):
     """Lazily decoded image files with integer labels, shared by `shapes`, `imagefolder` and `csv`. A file whose
     header claims more than `max_pixels` pixels (dataset.max_image_pixels; None: no limit) is unreadable."""
 
@@ -73,14 +92,6 @@ class ImageFileDataset(Dataset):
             raise CorruptSampleError(path, error_reason(error)) from None
         stages.record(read - started, time.perf_counter() - read)
         return raw, int(self.labels[index])
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        raw, label = self.decoded(index)
-        read, decode, _ = stages.take()
-        started = time.perf_counter()
-        image = self.transform(raw).contiguous()
-        stages.record(read, decode, time.perf_counter() - started)
-        return image, label
 
 
 class EncodedFileDataset(ImageFileDataset):

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import IterableDataset
 
 from imgtrain.common.errors import ConfigError, RunError, first_line
 from imgtrain.config.datasets import MAX_IMAGE_PIXELS
@@ -23,7 +23,7 @@ from imgtrain.data import batched, decoders, stages
 from imgtrain.data.csv_rows import csv_splits
 from imgtrain.data.datasets import DatasetBundle, file_bundle
 from imgtrain.data.decoders import DECODE_ERRORS, error_reason
-from imgtrain.data.image_files import CorruptSampleError
+from imgtrain.data.image_files import CorruptSampleError, DecodedSamples
 from imgtrain.data.jpeg import too_many_pixels
 
 # What the user's __getitem__ raises for an image it cannot read or decode, as the template's own decoders do (PIL:
@@ -45,7 +45,7 @@ def build_csv(train: str, val: str, **keys: Any) -> DatasetBundle:
 
 
 # ----------------------------------------------------------------------------- your own Dataset class
-class UserDataset(Dataset):
+class UserDataset(DecodedSamples):
     """The user's map-style Dataset as the template's workers use it: `decoded(index)` gives uint8 [3, H, W] and
     an int label (a PIL image converted to RGB, a grayscale tensor or array to 3 channels, 16-bit and float pixels
     scaled as the decoders scale them), with the whole user `__getitem__` timed as the decode stage (its read is
@@ -87,14 +87,6 @@ class UserDataset(Dataset):
             raise ConfigError(f"dataset._target_={self.source}: item {index} is {_kind(item)}: expected (image, label)")
         stages.record(decode=time.perf_counter() - started)
         return image, self._label(item[1], index)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        raw, label = self.decoded(index)
-        read, decode, _ = stages.take()
-        started = time.perf_counter()
-        image = self.transform(raw).contiguous()
-        stages.record(read, decode, time.perf_counter() - started)
-        return image, label
 
     def _failed(self, error: Exception, index: int) -> Exception:
         """An image the user's code could not read as a CorruptSampleError (named by the file when the error names
