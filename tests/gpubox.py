@@ -2,7 +2,7 @@
 then the device wheels installed the documented way.
 
 The GPU box (docs/gpu.md) has torch, torchvision, timm, tensorboard, psutil, matplotlib and nvidia-ml-py, and no
-package index: no LitData, boto3, botocore, obstore, Optuna, hydra-optuna-sweeper, moto, scikit-learn or SciPy, and
+package index: no LitData, boto3, botocore, obstore, Optuna, moto, scikit-learn or SciPy, and
 no hydra-core, omegaconf, antlr4-python3-runtime, submitit, hydra-submitit-launcher or TorchCodec until the wheels
 of ../shared/device-wheels (beside the checkout, not in it) are installed: `python -m pip install --no-index
 --no-deps --target DIR <wheel>`, DIR on PYTHONPATH. `site_without` builds a folder of links to this interpreter's
@@ -38,7 +38,6 @@ ABSENT = (
     "s3transfer",
     "obstore",
     "optuna",
-    "hydra-optuna-sweeper",
     "moto",
     "torchcodec",
     "scikit-learn",

@@ -22,7 +22,6 @@ def _run(box: gpubox.Box | Path, *args: str) -> subprocess.CompletedProcess:
 
 
 ABSENT = ["litdata", "boto3", "botocore", "obstore", "optuna", "moto", "torchcodec", "sklearn", "scipy"]
-ABSENT += ["hydra_plugins.hydra_optuna_sweeper"]
 WHEELS = ["hydra", "omegaconf", "antlr4", "submitit", "hydra_plugins.hydra_submitit_launcher"]  # device wheels
 
 
@@ -75,7 +74,7 @@ def test_a_synthetic_run_trains_there(gpu_box: gpubox.Box, tmp_path: Path) -> No
     ("args", "line"),
     [
         (["train.py", "dataset=shards", "dataset.root={tmp}"], "error: dataset=shards needs litdata"),
-        (["train.py", "-m", "hparams_search=loader"], "error: hparams_search (Optuna's sweeper) needs hydra-optuna"),
+        (["train.py", "-m", "hparams_search=loader"], "error: hparams_search (Optuna's search) needs optuna"),
         (["-m", "imgtrain.data.shards.command", "{tmp}", "{tmp}/out"], "error: imgtrain-shards needs litdata"),
         (["train.py", "debug=fast"], "error: dataset=shapes needs TorchCodec"),  # torchvision >= 0.29 here
     ],

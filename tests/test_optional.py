@@ -52,15 +52,6 @@ def test_a_run_on_shards_without_litdata_ends_before_touching_the_data(
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_the_missing_sweeper_option_is_named_by_its_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    hydra_says = "In 'hydra/config': Could not find 'hydra/sweeper/optuna'"
-    assert optional.missing_plugin_line(hydra_says) is None  # installed here: Hydra's own message stands
-    monkeypatch.setitem(sys.modules, "hydra_plugins.hydra_optuna_sweeper", None)
-    line = optional.missing_plugin_line(hydra_says)
-    assert line is not None and "needs hydra-optuna-sweeper" in line and "'.[search]'" in line
-    assert optional.missing_plugin_line("Could not find 'hydra/launcher/slurm'") is None
-
-
 # ----------------------------------------------------------------------------- the CPU decoder
 @pytest.fixture
 def no_torchcodec(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,8 +6,11 @@ batch composition or worker draw the same ones. A sample's seed feeds one SplitM
 crop reads the counter's first `batched.DRAWS` values, its policy's seed is value POLICY_DRAW, its erasing reads
 ERASING_DRAWS values from ERASING_FIRST: disjoint parts of one stream, so the three are independent.
 
-- The policy (TrivialAugmentWide, RandAugment, AutoAugment from torchvision.transforms.v2) draws its operations
-  from torch's default CPU generator, so it runs per sample, with that generator set to the sample's policy seed.
+- The policy (TrivialAugmentWide, RandAugment, AutoAugment from torchvision.transforms.v2) runs per sample, its
+  draws read from the sample's stream from POLICY_FIRST on (data/policy_draws.py), never from torch's generator, so
+  loader threads draw the same as worker processes. A per-sample transform that draws from torch's default CPU
+  generator itself (RandomErasing filling with noise, a user's own) runs with that generator set to the sample's
+  seed (value POLICY_DRAW), under GENERATOR_LOCK: one thread at a time re-seeds and draws.
 - Random erasing follows v2.RandomErasing's algorithm (the chance p, then up to 10 tries of an area share and a
   log-uniform aspect ratio, the first box strictly inside the image), drawn with NumPy for the whole batch and
   applied to the stacked batch, in the worker or on the device (data.augment_on): `erase`.
@@ -16,6 +19,7 @@ ERASING_DRAWS values from ERASING_FIRST: disjoint parts of one stream, so the th
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,11 +29,17 @@ import torch
 from torch.utils.data import get_worker_info
 from torchvision.transforms import v2
 
-POLICY_DRAW = 1001  # the counter value (data/batched.py uses 1..23) whose uniform seeds a sample's policy
+from imgtrain.data.policy_draws import apply_drawn, draws_of
+
+POLICY_DRAW = 1001  # the counter value (data/batched.py uses 1..23) whose uniform seeds a sample's generator
+POLICY_FIRST = 1002  # the first of a policy's own draws (data/policy_draws.py: a few per operation, below 2001)
 ERASING_TRIES = 10  # RandomErasing's attempts at a box strictly inside the image; none fits: nothing erased
 ERASING_FIRST = 2001  # the first counter value of a sample's erasing draws
 ERASING_DRAWS = 2 * ERASING_TRIES + 3  # whether to erase, area share and ratio per try, top, left
 SEED_BITS = 53  # a policy seed: the 53 bits of its uniform
+# Held while torch's default CPU generator is re-seeded and drawn from (`seeded`, train/mixing.py): the generator
+# is the process's one, and loader threads share it. Uncontended in a worker process (one thread draws there).
+GENERATOR_LOCK = threading.Lock()
 
 # Transforms that change an image's size: after the crop they would break the batch's one size, so a transform
 # holding one after the flip keeps the per-sample path (data/batched.py spec_of).
@@ -99,27 +109,39 @@ def seeded(seed: int, call: Callable[..., Any], *args: Any) -> Any:
     """`call(*args)` with torch's default CPU generator (which torchvision's random transforms draw from) set to
     `seed`. Seeding only that one: torch.manual_seed would also queue a CUDA re-seed and format a stack trace, ~90 us
     per call."""
-    with own_generator():
+    with GENERATOR_LOCK, own_generator():
         torch.random.default_generator.manual_seed(seed)
         return call(*args)
 
 
 def apply_policy(images: list[torch.Tensor], seeds: np.ndarray | None, policy: Sequence[Any]) -> list[torch.Tensor]:
-    """Each uint8 image [3, S, S] through the `policy` transforms in turn, torch's generator set to the image's
-    policy seed (`seeds` None: the generator as it is). Per sample: the policies draw their operations one image at
+    """Each uint8 image [3, S, S] through the `policy` transforms in turn, each drawing from the image's seed
+    (`seeds` None: from torch's generator as it is). Per sample: the policies draw their operations one image at
     a time, and most of their kernels take one image."""
     if not policy:
         return images
-    chosen = policy_seeds(seeds) if seeds is not None else [None] * len(images)
+    if seeds is None:
+        return [_through(image, policy) for image in images]
+    counts = [draws_of(step) for step in policy]
+    drawn = uniforms(seeds, max(1, sum(count or 0 for count in counts)), POLICY_FIRST)
+    generator_seeds = policy_seeds(seeds) if None in counts else [0] * len(images)
     out = []
-    with own_generator():
-        for image, seed in zip(images, chosen, strict=True):
-            if seed is not None:
-                torch.random.default_generator.manual_seed(seed)
-            for step in policy:
-                image = step(image)
-            out.append(image)
+    for image, row, generator_seed in zip(images, drawn, generator_seeds, strict=True):
+        first = 0
+        for position, (step, count) in enumerate(zip(policy, counts, strict=True)):
+            if count is None:  # a transform that draws from torch's generator itself
+                image = seeded(generator_seed + position, step, image)
+            else:
+                image = apply_drawn(step, image, row[first : first + count])
+                first += count
+        out.append(image)
     return out
+
+
+def _through(image: torch.Tensor, policy: Sequence[Any]) -> torch.Tensor:
+    for step in policy:
+        image = step(image)
+    return image
 
 
 def erase_boxes(seeds: np.ndarray, spec: ErasingSpec, size: int) -> np.ndarray:

@@ -30,7 +30,7 @@ ENGINES = {
     for engine in (
         Engine("litdata", "litdata", "shards"),  # dataset=shards, imgtrain-shards
         Engine("boto3", "boto3", "shards"),  # object storage for dataset=shards and imgtrain-shards
-        Engine("hydra_plugins.hydra_optuna_sweeper", "hydra-optuna-sweeper", "search"),  # hparams_search (and Optuna)
+        Engine("optuna", "optuna", "search"),  # hparams_search
         Engine("timm", "timm", "timm"),  # model=timm
         Engine("huggingface_hub", "huggingface_hub", "timm"),  # model=timm model.pretrained=true: its weights' cache
     )
@@ -66,21 +66,6 @@ def require_extra(extra: str, needed_by: str) -> None:
     for module, engine in ENGINES.items():
         if engine.extra == extra:
             require(module, needed_by)
-
-
-# Config options that an engine's Hydra plugin registers: without the engine Hydra only says it cannot find them.
-PLUGIN_OPTIONS = {"hydra/sweeper/optuna": ("hydra_plugins.hydra_optuna_sweeper", "hparams_search (Optuna's sweeper)")}
-
-
-def missing_plugin_line(message: str) -> str | None:
-    """The line for a composition error `message` about an option whose engine is missing, else None."""
-    for option, (module, needed_by) in PLUGIN_OPTIONS.items():
-        if f"'{option}'" in message and missing(module):
-            try:
-                require(module, needed_by)
-            except MissingEngine as error:
-                return str(error)
-    return None
 
 
 def missing(module: str) -> bool:

@@ -16,7 +16,6 @@ from imgtrain.common.errors import EXIT_BAD_INPUT, RunEnded, RunError
 from imgtrain.config.renamed_keys import moved_key_line
 from imgtrain.config.schema import register_configs
 from imgtrain.host.dist import register_resolvers
-from imgtrain.host.optional import missing_plugin_line
 
 # Lines of OmegaConf/Hydra messages that repeat what the first line says, or point at internals.
 _NOISE = (
@@ -53,9 +52,6 @@ def one_line(error: BaseException) -> str:
     moved = moved_key_line(message)
     if moved is not None:  # a key of the former trainer group: where it lives now
         return moved
-    engine = missing_plugin_line(message)
-    if engine is not None:  # an option of a Hydra plugin that is not installed (e.g. hparams_search without Optuna)
-        return engine
     parts: list[str] = []
     options: list[str] = []
     for exc in (error, error.__cause__):

@@ -11,6 +11,7 @@ import torch
 from torchvision.transforms import v2
 
 from imgtrain.config.train import TrainConfig
+from imgtrain.data.policies import GENERATOR_LOCK
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -48,7 +49,7 @@ class Mixing:
         if self.transform is None:
             return images, labels
         layout = layout_of(images) if self.memory_format is None else self.memory_format
-        with torch.random.fork_rng(devices=[]):
+        with GENERATOR_LOCK, torch.random.fork_rng(devices=[]):  # the lock: loader threads may share the generator
             torch.default_generator.manual_seed(step_seed(self.seed, step))
             mixed, targets = self.transform(images, labels)
         # MixUp's output is `images.roll(1, 0)` scaled in place, and on CUDA roll returns a contiguous (NCHW) tensor

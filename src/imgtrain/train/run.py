@@ -53,9 +53,8 @@ log = logging.getLogger(__name__)
 class NotMeasured(str):
     """A job's objective when it has no figure (a failed job, or one too short to measure): the reason.
 
-    Not NaN: hydra-optuna-sweeper hands a NaN to Optuna, which rejects it, then tells the same trial again as failed
-    and that raises, ending the whole search. A value that is not float-castable is recorded as a failed trial,
-    with this text in the sweeper's warning, and the search goes on (conf/hparams_search sets max_failure_rate
+    Not NaN, so that the reason travels with it: hparams_search's sweeper (src/hydra_plugins/imgtrain_optuna) tells
+    Optuna such a trial failed, logs this text, and the search goes on (conf/hparams_search sets max_failure_rate
     so that such trials are no error). The basic sweeper ignores the value; the sweep report lists the job with
     its reason either way."""
 
