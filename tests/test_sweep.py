@@ -662,9 +662,10 @@ def test_a_search_with_no_measured_trial_ends_in_the_report_and_one_line(
     args += ["data.num_workers=0", "data.pin_memory=false", "data.prefetch_factor=2", f"hydra.sweep.dir={sweep}"]
     args += ["model.arch=no_such_net"] if why == "failed" else []
     result = run_train(args, sweep / "unused", data_dir, timeout=300)
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    said = f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"  # the job's own log is on stdout
+    assert result.returncode == 1 and "Traceback" not in result.stderr, said
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: no trial of the search was measured")
+    assert line.startswith("error: no trial of the search was measured"), said
     assert (
         "train.max_steps" if why == "too short" else "every job failed, the first with: the job failed: model.arch"
     ) in line
