@@ -11,6 +11,14 @@ from torch.utils.data import DataLoader
 from imgtrain.config.fields import AUTO, TUNE, AugmentOn, Choice, at_least, auto_or_bool, checked, is_int
 
 
+class LoaderEngine(Choice):
+    """What makes the training batches: worker processes (torch's DataLoader) or loader threads in the training
+    process (torchdata.nodes; docs/engine-evaluation/threads.md)."""
+
+    dataloader = "dataloader"
+    threads = "threads"
+
+
 class StartMethod(Choice):
     fork = "fork"
     spawn = "spawn"
@@ -31,6 +39,9 @@ class DataConfig:
     """Every DataLoader knob. Each one is overridable as data.<key>=..."""
 
     batch_size: int = checked(64, at_least(1, note="images per process"))  # global: x world_size
+    # dataloader: num_workers worker processes; threads: num_workers loader threads in the training process (no
+    # process start, pickling or /dev/shm; Python-level per-sample work shares the GIL). Training split only
+    engine: LoaderEngine = LoaderEngine.dataloader
     num_workers: Any = checked(AUTO, _workers)  # auto: CPUs of this process / local world size, minus one
     # num_workers=tune: before training, probe the model alone and the loader at a few worker counts in
     # interleaved rounds (this many seconds in all, fewer once the choice is separated) and keep the fewest

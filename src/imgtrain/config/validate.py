@@ -19,7 +19,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from imgtrain.common.errors import ConfigError
 from imgtrain.config.checkpoint import BestOf
-from imgtrain.config.datasets import CustomConfig
+from imgtrain.config.data import LoaderEngine
+from imgtrain.config.datasets import CustomConfig, Decode
 from imgtrain.config.renamed_keys import RECIPE_MOVES, moved_key_line
 from imgtrain.config.schema import Config
 
@@ -60,6 +61,9 @@ def _check_across_fields(settings: Config) -> None:
     augment_conflict = ds.augment_conflict(settings.data.augment_on, settings.data.device_resident)
     if augment_conflict:
         raise ConfigError(augment_conflict)
+    engine_conflict = _engine_conflict(settings)
+    if engine_conflict:
+        raise ConfigError(engine_conflict)
     files_problem = ds.files_problem()  # the files the dataset reads (config/datasets.py), before any step
     if files_problem:
         raise ConfigError(files_problem)
@@ -70,6 +74,25 @@ def _check_across_fields(settings: Config) -> None:
             "data.drop_last=false gives the last batch of each epoch another: use data.drop_last=true, or "
             "system.compile_mode=default"
         )
+
+
+def _engine_conflict(settings: Config) -> str | None:
+    """data.engine=threads where the training batches take another path: one line, before any work."""
+    if settings.data.engine != LoaderEngine.threads:
+        return None
+    other = "use data.engine=dataloader"
+    if settings.data.device_resident:
+        return (
+            "data.engine=threads has no loader to run: data.device_resident=true keeps the training set on the "
+            f"device; {other}"
+        )
+    if getattr(settings.dataset, "decode", Decode.cpu) == Decode.cuda:
+        return (
+            f"data.engine=threads is not available with dataset.decode=cuda (the GPU decodes in its own path); {other}"
+        )
+    if settings.dataset.name == "shards":
+        return f"data.engine=threads is not available with dataset=shards (LitData streams it itself); {other}"
+    return None
 
 
 # ----------------------------------------------------------------------------- the recipe's `_target_`s

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from imgtrain.config.data import DataConfig
+from imgtrain.config.data import DataConfig, LoaderEngine
 from imgtrain.config.fields import AUTO, TUNE, AugmentOn
 from imgtrain.data.samplers import EpochSampler
 from imgtrain.host.cpus import available_cpus, cpu_budget
@@ -42,6 +42,7 @@ WORKER_GRACE_S = 30
 # gdb, 3 hangs in ~115 runs of tests/test_ddp.py::test_sweep_inside_torchrun on 2 loaded cores). forkserver forks
 # from a clean server that imports FORKSERVER_PRELOAD once (about +2.4 s per run: BENCHMARKS.md, 2026-11-24).
 FORKSERVER = "forkserver"
+THREAD_PREFETCH = 2  # batches in flight per loader thread: torchdata.nodes 0.11 allows no other (max_concurrent)
 FORKSERVER_PRELOAD = ["__main__", "torch", "imgtrain.data.pipeline"]
 # torchrun's agent and SLURM signal the whole process group, the forkserver included. A server killed by SIGTERM
 # makes every worker it started look dead to PyTorch (their status reads come from it), so it starts with these
@@ -108,6 +109,7 @@ class LoaderPlan:
     prefetch_to_device: bool = False  # effective value: CUDA, pinned memory and data.prefetch_to_device
     stage_timings: bool = True  # data.stage_timings: each batch carries its stage seconds
     augment_on: AugmentOn = AugmentOn.workers  # effective value: auto is the workers' off CUDA
+    threads: bool = False  # data.engine=threads with num_workers > 0: loader threads make the batches (data/threads.py)
 
     def describe(self) -> dict[str, Any]:
         """JSON-friendly view of the arguments (for logs, metrics.json and TensorBoard hparams)."""
@@ -117,6 +119,7 @@ class LoaderPlan:
         shown["device_resident"] = self.device_resident
         shown["prefetch_to_device"] = self.prefetch_to_device
         shown["augment_on"] = str(self.augment_on)
+        shown["engine"] = str(LoaderEngine.threads if self.threads else LoaderEngine.dataloader)
         return shown
 
 
@@ -161,7 +164,10 @@ def plan_loader(
     if data.pin_memory and device_type != "cuda":
         kwargs["pin_memory"] = False
         notes.append(f"data.pin_memory=true has no effect on {device_type}: using false")
-    if workers > 0:
+    threads = train and workers > 0 and data.engine == LoaderEngine.threads
+    if threads:
+        _thread_settings(data, kwargs, notes)
+    elif workers > 0:
         kwargs["prefetch_factor"] = data.prefetch_factor
         kwargs["persistent_workers"] = data.persistent_workers
         kwargs["multiprocessing_context"] = _start_method(data, process_group, notes)
@@ -187,7 +193,20 @@ def plan_loader(
         prefetch_to_device=data.prefetch_to_device and kwargs["pin_memory"] and not (data.device_resident and train),
         stage_timings=data.stage_timings,
         augment_on=_augment_on(data.augment_on, device_type),
+        threads=threads,
     )
+
+
+def _thread_settings(data: DataConfig, kwargs: dict[str, Any], notes: list[str]) -> None:
+    """data.engine=threads: the effective values of the knobs that were made for worker processes."""
+    kwargs["prefetch_factor"] = THREAD_PREFETCH  # torchdata 0.11 keeps 2 x threads batches in flight, no other
+    kwargs["persistent_workers"] = False  # the threads are started at every epoch
+    if not data.in_order:
+        kwargs["in_order"] = False
+    ignored = [f"data.prefetch_factor={data.prefetch_factor}"] if data.prefetch_factor not in (None, 2) else []
+    ignored += [f"data.multiprocessing_context={data.multiprocessing_context}"] if data.multiprocessing_context else []
+    if ignored:
+        notes.append(f"data.engine=threads: ignoring {', '.join(ignored)} (threads keep 2 batches each in flight)")
 
 
 def _augment_on(augment_on: AugmentOn, device_type: str) -> AugmentOn:

@@ -32,6 +32,7 @@ from imgtrain.data.loader import LoaderPlan, plan_loader, resolve_workers, train
 from imgtrain.data.samplers import EpochSampler, ShardSampler
 from imgtrain.data.samples import GuardedSamples, collate
 from imgtrain.data.streamed import StreamedLoader, StreamedSplit
+from imgtrain.data.threads import ThreadLoader
 from imgtrain.host import dist, optional
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ class RunData:
         traceback keeps the loaders alive), multiprocessing would SIGTERM them, which they outlive for
         WORKER_GRACE_S (see loader.worker_signals): the run would take 30 s to end."""
         for loader in (self.train, self.val):
-            if isinstance(loader, StreamedLoader):
+            if isinstance(loader, StreamedLoader | ThreadLoader):
                 loader.close()
             stop_workers(getattr(loader, "_iterator", None))
 
@@ -155,7 +156,8 @@ def build_loader(
     world_size: int = 1,
     replan: Callable[[int], LoaderPlan] | None = None,
 ) -> Any:
-    """The loader of `plan`: a DataLoader whose training split gets an EpochSampler (sharded under DDP); for a
+    """The loader of `plan`: a DataLoader whose training split gets an EpochSampler (sharded under DDP), or with
+    data.engine=threads a ThreadLoader over the same sampler and samples (data/threads.py); for a
     streamed split (dataset=shards), its engine's loader (`replan(workers)`: the plan with another worker count, to
     finish a resumed epoch with the count it started with)."""
     if isinstance(dataset, StreamedSplit):
@@ -168,7 +170,13 @@ def build_loader(
         kwargs["sampler"] = train_sampler(len(dataset), plan, seed=seed, rank=rank, world_size=world_size)
     elif world_size > 1:
         kwargs["sampler"] = ShardSampler(len(dataset), rank, world_size)
-    samples = GuardedSamples(dataset, replace=train, timed=plan.stage_timings, augment_on=plan.augment_on)
+    samples = GuardedSamples(
+        dataset, replace=train, timed=plan.stage_timings, augment_on=plan.augment_on, seeded_loads=not plan.threads
+    )
+    if plan.threads:
+        return ThreadLoader(samples, kwargs["sampler"], batch_size=kwargs["batch_size"], drop_last=kwargs["drop_last"],
+                            threads=kwargs["num_workers"], in_order=kwargs.get("in_order", True),
+                            pin_memory=kwargs["pin_memory"], timeout=kwargs["timeout"])  # fmt: skip
     return DataLoader(samples, generator=generator, collate_fn=collate, **kwargs)
 
 

@@ -224,9 +224,18 @@ class GuardedSamples(Dataset):
     MAX_IN_A_ROW = 16  # more consecutive unreadable files than this is a broken dataset, not a bad file
 
     def __init__(
-        self, dataset: Dataset, replace: bool = True, timed: bool = True, augment_on: AugmentOn = AugmentOn.workers
+        self,
+        dataset: Dataset,
+        replace: bool = True,
+        timed: bool = True,
+        augment_on: AugmentOn = AugmentOn.workers,
+        seeded_loads: bool = True,
     ) -> None:
         self.dataset, self.replace, self.timed, self.augment_on = dataset, replace, timed, augment_on
+        # A per-sample dataset's own draws (a user's Dataset, a transform that is not the batched crop) from torch's
+        # generator set to the sample's seed. Off on loader threads: that generator is the process's one, and
+        # seeding it under a lock would run one such sample at a time (docs/input-pipeline.md, data.engine)
+        self.seeded_loads = seeded_loads
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -275,7 +284,9 @@ class GuardedSamples(Dataset):
         raise CorruptSampleError(path, f"{reason} ({self.MAX_IN_A_ROW} unreadable images in a row)")
 
     def _load(self, index: int, seed: int | None) -> tuple[torch.Tensor, int]:
-        return self.dataset[index] if seed is None else seeded(seed, self.dataset.__getitem__, index)
+        if seed is None or not self.seeded_loads:
+            return self.dataset[index]
+        return seeded(seed, self.dataset.__getitem__, index)
 
     def _decoded(self, index: int, seed: int | None) -> tuple[torch.Tensor, int]:
         return self.dataset.decoded(index)

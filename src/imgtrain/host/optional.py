@@ -31,6 +31,7 @@ ENGINES = {
         Engine("litdata", "litdata", "shards"),  # dataset=shards, imgtrain-shards
         Engine("boto3", "boto3", "shards"),  # object storage for dataset=shards and imgtrain-shards
         Engine("optuna", "optuna", "search"),  # hparams_search
+        Engine("torchdata", "torchdata", "threads"),  # data.engine=threads
         Engine("timm", "timm", "timm"),  # model=timm
         Engine("huggingface_hub", "huggingface_hub", "timm"),  # model=timm model.pretrained=true: its weights' cache
     )

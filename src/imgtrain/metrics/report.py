@@ -272,7 +272,7 @@ def print_table(summary: dict[str, Any]) -> None:
         ("step time (ms)", _fmt(summary["step_time_ms"], ".1f")),
         ("verdict", summary.get("verdict") or "n/a"),
         ("input stages (ms per image)", stages_line(summary.get("pipeline"))),
-        ("loading busy", busy_line(summary.get("pipeline"))),
+        ("loading busy", busy_line(summary.get("pipeline"), loader.get("engine"))),
         ("GPU util (mean %)", _fmt(summary["gpu_util_mean"], ".1f")),
         ("CPU (mean % of system)", _fmt(summary["cpu_pct_mean"], ".1f")),
         ("RSS peak incl. workers (GB)", _fmt(summary["rss_peak_gb"], ".2f")),
@@ -281,7 +281,8 @@ def print_table(summary: dict[str, Any]) -> None:
         ("steps / wall time (s)", f"{summary['steps']} / {summary['wall_time_s']:.1f}"),
         (
             "loader",
-            f"batch_size={loader['batch_size']} num_workers={loader['num_workers']} pin_memory={loader['pin_memory']}",
+            f"batch_size={loader['batch_size']} num_workers={loader['num_workers']} pin_memory={loader['pin_memory']}"
+            + (" engine=threads" if loader.get("engine") == "threads" else ""),
         ),
         (
             "device / precision / world",
@@ -309,12 +310,13 @@ def stages_line(pipeline: dict[str, Any] | None) -> str:
     return "  ".join(shown) if shown else "n/a (no timed batches: data.stage_timings=false or no DataLoader)"
 
 
-def busy_line(pipeline: dict[str, Any] | None) -> str:
-    """How busy the loading processes were: busy time over wall time x workers."""
+def busy_line(pipeline: dict[str, Any] | None, engine: str | None = None) -> str:
+    """How busy the loading processes (or threads, data.engine=threads) were: busy time over wall time x workers."""
     if not pipeline or pipeline.get("worker_busy_frac") is None:
         return "n/a"
     workers = pipeline["workers"]
-    who = f"{workers} worker(s)" if workers else "the training process (num_workers=0)"
+    kind = "loader thread(s)" if engine == "threads" else "worker(s)"
+    who = f"{workers} {kind}" if workers else "the training process (num_workers=0)"
     return f"{pipeline['worker_busy_frac']:.0%} of {who}, {pipeline['worker_busy_cores']:.2f} CPU cores"
 
 

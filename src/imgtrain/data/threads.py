@@ -1,0 +1,142 @@
+"""data.engine=threads: the training batches made by loader threads in the training process, through torchdata.nodes
+(0.11: chosen by measurement and by its code, docs/engine-evaluation/threads.md), instead of worker processes.
+
+The unit of work is the DataLoader worker's: one batch, `collate(GuardedSamples.__getitems__(items))`, its
+(index, seed) pairs from the same EpochSampler. So the same samples come in the same order with the same draws
+(each sample's from its own seed: data/policies.py), the same guard replaces unreadable files, the same stage
+timings travel with each batch, and DDP sharding and a mid-epoch resume stay the sampler's. Threads need no
+process start, no pickling and no /dev/shm, and share the process's memory; they share its GIL too, so Python-level
+per-sample work does not scale with them (the verdict says so).
+
+torchdata.nodes is an optional engine (`pip install -e '.[threads]'`), imported when a run chooses threads. Per
+epoch: IterableWrapper over the epoch's batches of (index, seed) -> ParallelMapper(method="thread", in order unless
+data.in_order=false, at most 2 x threads batches in flight: the DataLoader's prefetch_factor 2) -> PinMemory on
+CUDA. A pump thread hands each batch over through a queue, so that data.timeout can end the wait: torchdata has no
+timeout, and a thread stuck in a read cannot be stopped. Every thread is a daemon, so a stuck one is abandoned,
+named in the one line, and the process still exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler
+
+from imgtrain.data.failures import LoaderFailed
+from imgtrain.data.samples import Batch, GuardedSamples, collate
+from imgtrain.host import optional
+
+log = logging.getLogger(__name__)
+NEEDED_BY = "data.engine=threads"
+_END = object()  # the pump's last item: the epoch is over
+
+
+class _Failed:
+    """An exception raised while making a batch, carried to the training thread."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class ThreadLoader:
+    """The training split's loader on `threads` loader threads: iterate it once per epoch, as a DataLoader."""
+
+    def __init__(self, samples: GuardedSamples, sampler: Any, *, batch_size: int, drop_last: bool, threads: int,
+                 in_order: bool = True, pin_memory: bool = False, timeout: float = 0.0) -> None:  # fmt: skip
+        self.nodes = optional.require("torchdata.nodes", NEEDED_BY)
+        self.samples, self.sampler, self.batch_size, self.drop_last = samples, sampler, batch_size, drop_last
+        self.num_workers, self.in_order, self.pin_memory, self.timeout = threads, in_order, pin_memory, timeout
+        self._busy: dict[int, list[Any]] = {}  # each loader thread's batch in the making: what a timeout names
+        self._local = threading.local()
+        self._stop = threading.Event()  # the running epoch's: set when the training thread leaves it
+
+    def __len__(self) -> int:
+        return len(BatchSampler(self.sampler, self.batch_size, self.drop_last))
+
+    def _make_batch(self, items: list[Any]) -> Batch:
+        """One batch, in a loader thread, as a DataLoader worker makes it."""
+        if not getattr(self._local, "ready", False):
+            torch.set_num_threads(1)  # per thread (OpenMP's setting): N threads, N cores, as N worker processes
+            self._local.ready = True
+        self._busy[threading.get_ident()] = items
+        try:
+            return collate(self.samples.__getitems__(items))
+        finally:
+            self._busy.pop(threading.get_ident(), None)
+
+    def _graph(self) -> Any:
+        """This epoch's torchdata graph (the sampler's epoch and start as RunData.start_epoch set them)."""
+        nodes = self.nodes
+        batches = nodes.IterableWrapper(BatchSampler(self.sampler, self.batch_size, self.drop_last))
+        node = nodes.ParallelMapper(
+            batches, self._make_batch, num_workers=self.num_workers, in_order=self.in_order, method="thread"
+        )
+        return nodes.PinMemory(node) if self.pin_memory else node
+
+    def __iter__(self) -> Iterator[Batch]:
+        self.close()  # the last epoch's threads, if it was left part-way (a resumed or stopped epoch)
+        stop, handed = threading.Event(), queue.Queue(maxsize=1)
+        self._stop = stop
+        pump = threading.Thread(target=_pump, args=(self._graph(), handed, stop), name="imgtrain-pump", daemon=True)
+        pump.start()
+        while True:
+            item = self._next(handed)
+            if item is _END:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+
+    def _next(self, handed: queue.Queue) -> Any:
+        try:
+            return handed.get(timeout=self.timeout or None)
+        except queue.Empty:
+            stuck = [items for items in self._busy.values() if items]
+            where = f"; stuck in: {self._describe(stuck[0])}" if stuck else ""
+            raise LoaderFailed(
+                f"data.timeout={self.timeout:g}: no batch from the {self.num_workers} loader thread(s) in "
+                f"{self.timeout:g} s{where} (a thread stuck in a read cannot be stopped: it is left behind, and the "
+                "process exits without it); check the storage, or raise data.timeout"
+            ) from None
+
+    def _describe(self, items: list[Any]) -> str:
+        """The batch a stuck thread was making: its files where the dataset names them, else its indices."""
+        indices = [item[0] if isinstance(item, tuple) else item for item in items]
+        path = getattr(self.samples.dataset, "path", None)
+        if callable(path):
+            return ", ".join(str(path(index)) for index in indices[:3]) + (" ..." if len(indices) > 3 else "")
+        return f"samples {indices[:8]}"
+
+    def close(self) -> None:
+        """Leave the running epoch: its pump stops and drops the graph, whose threads then end (torchdata stops
+        them when its iterator is collected; a thread stuck in a read is left behind: they are daemons)."""
+        self._stop.set()
+
+
+def _pump(graph: Any, handed: queue.Queue, stop: threading.Event) -> None:
+    """Iterate the epoch's graph and hand each batch over; then _END, or the error that ended it. The graph is
+    this thread's alone: when the pump returns, it goes, and its threads with it."""
+    try:
+        graph.reset()
+        while not stop.is_set():
+            try:
+                item: Any = next(graph)
+            except StopIteration:
+                item = _END
+            except Exception as error:  # carried to the training thread, which raises it
+                item = _Failed(error)
+            while not stop.is_set():  # the training thread may have left the epoch: then stop waiting
+                try:
+                    handed.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if item is _END or isinstance(item, _Failed):
+                return
+    finally:
+        del graph

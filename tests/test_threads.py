@@ -1,0 +1,159 @@
+"""data.engine=threads (data/threads.py): loader threads through torchdata.nodes give the DataLoader's batches, in
+its order, switch with it mid-epoch, and end every way a loader can fail in one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import RESUMABLE, compose_cfg, read_metrics
+
+from imgtrain.common.errors import ConfigError
+from imgtrain.config.data import DataConfig, LoaderEngine
+from imgtrain.config.validate import validate
+from imgtrain.data.datasets import build_shapes
+from imgtrain.data.failures import LoaderFailed
+from imgtrain.data.loader import plan_loader
+from imgtrain.data.pipeline import build_loader
+from imgtrain.data.samplers import EpochSampler
+from imgtrain.data.samples import GuardedSamples
+from imgtrain.data.threads import ThreadLoader
+from imgtrain.host import optional
+from imgtrain.resilience.checkpoint import Checkpointer
+from imgtrain.resilience.faults import Preempted
+from imgtrain.train.run import run
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("shapes")
+    return build_shapes("shapes", 32, [0.5] * 3, [0.25] * 3, "trivialaugment", str(root), 72, 10, 0, random_erasing=0.5)
+
+
+def _epochs(bundle, engine: LoaderEngine, workers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    data = DataConfig(batch_size=16, num_workers=workers, engine=engine, persistent_workers=False)
+    loader = build_loader(bundle.train, plan_loader(data, train=True, device_type="cpu"), train=True, seed=3)
+    assert isinstance(loader, ThreadLoader) == (engine == LoaderEngine.threads and workers > 0)
+    batches = []
+    for epoch, start in ((0, 0), (1, 0), (1, 32)):  # two epochs, then the second resumed after 2 batches
+        loader.sampler.set_epoch(epoch, start=start)
+        batches += [(batch.images, batch.labels) for batch in loader]
+    return batches
+
+
+def test_threads_give_the_dataloaders_batches_in_its_order(shapes) -> None:
+    """The same images (crop, policy, noise erasing: each sample's draws from its own seed) and labels, batch for
+    batch, over two epochs and a resumed one: an engine can be switched mid-run."""
+    processes = _epochs(shapes, LoaderEngine.dataloader, 2)
+    for threads in (1, 3):
+        batches = _epochs(shapes, LoaderEngine.threads, threads)
+        assert len(batches) == len(processes) == 4 + 4 + 2
+        for (images, labels), (want_images, want_labels) in zip(batches, processes, strict=True):
+            assert torch.equal(labels, want_labels) and torch.equal(images, want_images)
+
+
+def test_the_plan_records_the_engine_and_what_threads_ignore() -> None:
+    data = DataConfig(num_workers=2, engine=LoaderEngine.threads, prefetch_factor=4)
+    plan = plan_loader(data, train=True, device_type="cpu")
+    assert plan.threads and plan.describe()["engine"] == "threads" and plan.kwargs["prefetch_factor"] == 2
+    assert any("data.engine=threads: ignoring data.prefetch_factor=4" in note for note in plan.notes)
+    assert not plan_loader(data, train=False, device_type="cpu").threads  # validation keeps the DataLoader
+    assert not plan_loader(
+        DataConfig(num_workers=0, engine=LoaderEngine.threads), train=True, device_type="cpu"
+    ).threads
+
+
+class _Stuck(torch.utils.data.Dataset):
+    """Index 5 never finishes reading; 7 raises."""
+
+    def __init__(self, stuck: threading.Event) -> None:
+        self.stuck = stuck
+
+    def __len__(self) -> int:
+        return 16
+
+    def path(self, index: int) -> str:
+        return f"/mnt/gone/{index}.jpg"
+
+    def __getitem__(self, index: int):
+        if index == 5:
+            self.stuck.wait()  # a read on a dead mount
+        if index == 7:
+            raise ValueError("a bug in __getitem__")
+        return torch.zeros(3, 4, 4), index
+
+
+def _loader(dataset, timeout: float) -> ThreadLoader:
+    sampler = EpochSampler(len(dataset), num_replicas=1, rank=0, shuffle=False, seed=0, drop_last=True)
+    return ThreadLoader(GuardedSamples(dataset), sampler, batch_size=2, drop_last=True, threads=2, timeout=timeout)
+
+
+def test_a_stuck_read_ends_the_wait_after_data_timeout_naming_its_files() -> None:
+    stuck = threading.Event()
+    loader = _loader(_Stuck(stuck), timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(LoaderFailed) as failed:
+        list(loader)
+    assert time.monotonic() - started < 10
+    line = str(failed.value)
+    assert line.startswith("data.timeout=1: no batch from the 2 loader thread(s) in 1 s; stuck in: /mnt/gone/4.jpg")
+    assert "\n" not in line and "it is left behind" in line
+    loader.close()
+    assert all(t.daemon for t in threading.enumerate() if t is not threading.main_thread())  # the process can exit
+    stuck.set()
+
+
+def test_an_error_in_a_loader_thread_reaches_the_loop_with_its_type() -> None:
+    loader = _loader(_Stuck(threading.Event()), timeout=0)
+    loader.sampler.set_epoch(0, start=6)  # past the stuck read: samples 6 and 7 first
+    with pytest.raises(ValueError, match="a bug in __getitem__"):
+        list(loader)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        (["data.device_resident=true"], "data.engine=threads has no loader to run: data.device_resident=true"),
+        (["dataset=imagefolder", "dataset.decode=cuda"], "not available with dataset.decode=cuda"),
+    ],
+)
+def test_what_threads_cannot_run_is_one_line_before_any_data(overrides, words, tmp_path: Path) -> None:
+    extra = [f"dataset.root={tmp_path}"] if "dataset=imagefolder" in overrides else []
+    with pytest.raises(ConfigError, match=words):
+        validate(compose_cfg("data.engine=threads", *overrides, *extra))
+
+
+def test_without_torchdata_a_threads_run_ends_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "torchdata", None)
+    monkeypatch.setitem(sys.modules, "torchdata.nodes", None)
+    with pytest.raises(optional.MissingEngine, match=r"^data.engine=threads needs torchdata, .*'\.\[threads\]'"):
+        run(compose_cfg("debug=fast", "data.engine=threads", output_dir=str(tmp_path / "run")))
+
+
+@pytest.mark.slow  # three runs
+def test_a_run_stopped_on_threads_resumes_on_processes_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM during step 5 of a threads run: saved mid-epoch; the same run continued with worker processes ends
+    with the weights of one uninterrupted run on processes."""
+    run(compose_cfg(*RESUMABLE, output_dir=str(tmp_path / "straight")))
+    real_step = Checkpointer.step
+
+    def signal_after_step_5(self: Checkpointer) -> None:
+        if self.progress.step == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+        real_step(self)
+
+    monkeypatch.setattr(Checkpointer, "step", signal_after_step_5)
+    with pytest.raises(Preempted):
+        run(compose_cfg(*RESUMABLE, "data.engine=threads", "data.num_workers=2", output_dir=str(tmp_path / "part")))
+    monkeypatch.undo()
+    run(compose_cfg(*RESUMABLE, output_dir=str(tmp_path / "part")))
+    assert read_metrics(tmp_path / "part")["steps"] == 16
+    straight = torch.load(tmp_path / "straight" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    resumed = torch.load(tmp_path / "part" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert all(torch.equal(straight[key], resumed[key]) for key in straight)
