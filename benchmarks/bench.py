@@ -25,7 +25,12 @@ Sections, in one invocation on this machine (`--only` picks some, e.g. `--only g
                 wheel from the peer kit, in a directory of its own), interleaved rounds (benchmarks/recipes.py); about
                 15 minutes on 2 cores;
   recipe-cost   the cost per step of mixup/cutmix and of EMA: train.py, ResNet-18 at 32 px on synthetic data, against
-                the same run without them, interleaved rounds (benchmarks/recipes.py); about 5 minutes on 2 cores.
+                the same run without them, interleaved rounds (benchmarks/recipes.py); about 5 minutes on 2 cores;
+  threads       train.py with data.engine=dataloader against data.engine=threads at data.num_workers 1 and 2, mode=train
+                and mode=loader, on the CPU with a tiny model: 500x375 JPEGs (224-px crops, rrc_flip and
+                trivialaugment) and shapes at 32 px, 3 epochs a run, interleaved rounds (3; --repeats): images/s, the
+                ratio per round, PSS peak, epoch-start stall, first batch, data wait (benchmarks/threads_train.py;
+                24 runs a round; skipped in one line without torchdata).
 The GPU sections run only where CUDA is available, otherwise their rows say "not measured". Every GPU row
 measures at least 200 steady-state steps. Every figure comes from a real run's metrics.json (or the bare
 loop's or timm's output, or, for the kernel sections, this process's clock); nothing is estimated. Results go
@@ -58,6 +63,7 @@ import gpu_rows  # noqa: E402  (benchmarks/gpu_rows.py: the GPU rows' overrides,
 import kernels  # noqa: E402  (benchmarks/kernels.py)
 import photos  # noqa: E402  (benchmarks/photos.py)
 import recipes  # noqa: E402  (benchmarks/recipes.py)
+import threads_train  # noqa: E402  (benchmarks/threads_train.py)
 from gpu_rows import GPU_STEPS, GPU_WARMUP, NOT_MEASURED, R18_BATCH, R50_BATCH  # noqa: E402
 from storage import storage  # noqa: E402  (benchmarks/storage.py)
 
@@ -484,6 +490,7 @@ def machine() -> dict:
 SECTIONS = ("overhead", "modes", "workers", "breakdown", "checkpoint", "gpu-ceilings", "gpu-jpeg", "storage")
 SECTIONS += ("decode-cpu", "resize-kernels")  # benchmarks/kernels.py
 SECTIONS += ("augment-loaders", "recipe-cost")  # benchmarks/recipes.py
+SECTIONS += ("threads",)  # benchmarks/threads_train.py
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -491,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="few steps and one repeat: a smoke test, not figures")
     parser.add_argument("--only", help=f"comma-separated sections to run (default: all): {', '.join(SECTIONS)}")
     parser.add_argument(
-        "--repeats", type=int, help="interleaved runs each for overhead (default 5) and checkpoint (3); quick: 1"
+        "--repeats", type=int, help="interleaved runs each: overhead 5, checkpoint and threads 3; quick: 1"
     )
     parser.add_argument("--workdir", type=Path, help="datasets and run directories (default: a temporary dir)")
     parser.add_argument("--json", type=Path, help="results file (default: benchmarks/results/<date>.json)")
@@ -545,13 +552,15 @@ def main(argv: list[str] | None = None) -> int:
         report["augment_loaders"] = recipes.augment_loaders(bench, 1 if args.quick else repeats)
     if "recipe-cost" in only:
         report["recipe_cost"] = recipes.recipe_cost(bench, 1 if args.quick else (args.repeats or 3))
+    if "threads" in only:
+        report["threads"] = threads_train.threads(bench, 1 if args.quick else (args.repeats or 3))
     stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M%S")
     json_path = args.json or ROOT / "benchmarks" / "results" / f"{stamp}.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     from render import render  # benchmarks/render.py
 
-    text = render(report, json_path)
+    text = render(report, json_path) + "\n".join(threads_train.render(report))
     markdown_path = args.markdown or ROOT / "BENCHMARKS.md"
     with open(markdown_path, "a") as f:
         f.write(text)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from imgtrain.metrics import report
+from imgtrain.metrics import console, report
 from imgtrain.metrics.epoch_start import EpochStarts
 from imgtrain.metrics.windows import Window
 
@@ -41,7 +41,7 @@ def test_the_verdict_names_a_costly_epoch_start_and_the_remedy() -> None:
     assert "epoch start" not in report.verdict(quiet)
     persistent = {**summary, "loader": {"num_workers": 4, "persistent_workers": True}}
     assert "persistent_workers" not in report.verdict(persistent)
-    assert report.epoch_start_line({"epoch_first_batch_s": [0.2], "epoch_start_cost_s": []}).endswith(
+    assert console.epoch_start_line({"epoch_first_batch_s": [0.2], "epoch_start_cost_s": []}).endswith(
         "one epoch: no later epoch start to measure"
     )
 
@@ -56,7 +56,7 @@ def test_the_rate_line_gives_the_median_window_beside_its_interval_and_the_overa
         "images_per_sec_interval": [5160.0, 5754.0],  # scaled to both ranks, as the summary writes it
         "images_per_sec_windows": [2700.0] * 10,
     }
-    assert report.rate_line(summary) == (
+    assert console.rate_line(summary) == (
         "4,930.0 over all steady steps; median window 5,440.0 (95% interval of the median window 5,160.0-5,754.0, "
         "10 windows)"
     )

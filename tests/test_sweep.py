@@ -854,3 +854,97 @@ def test_the_report_follows_its_users_own_links(tmp_path: Path) -> None:
     assert _csv_rows(shared)[0]["status"] == "ok"
     with Image.open(shared / "sweep_summary.png") as image:
         assert image.format == "PNG"
+
+
+def _engine_job(sweep: Path, num: int, engine: str, workers: int, pss: float, **kw: Any) -> None:
+    """A finished job of `-m data.engine=dataloader,threads data.num_workers=...` at 200 images/s (3% noise: every
+    job tied). As data/loader.py records it: threads keep 2 batches each in flight and report persistent_workers
+    false; `ran`, the engine the run used where it differs from the one written; `stall`, the epoch-start share."""
+    used, stall = kw.pop("ran", engine), kw.pop("stall", None)
+    loader = {"num_workers": workers, "pin_memory": False, "prefetch_factor": 2, "persistent_workers": False}
+    metrics = {"rate": 200.0, "windows": _series(200.0, 6.0, seed=num), "pss_peak_gb": pss}
+    metrics["loader"] = {**loader, "engine": used, **kw}
+    if stall is not None:  # seconds per later epoch start: 0.5 and 0.7 s, median 0.6
+        metrics |= {"epoch_start_cost_frac": stall, "epoch_start_cost_s": [0.5, 0.7]}
+    _fake_job(sweep, num, [f"data.engine={engine}", f"data.num_workers={workers}"], metrics)
+
+
+def test_the_table_shows_each_jobs_engine_memory_and_epoch_start_beside_its_throughput(tmp_path: Path, capsys) -> None:
+    from imgtrain.sweep.report import table
+
+    for num, (engine, workers, pss, stall) in enumerate([("dataloader", 1, 1.6, 0.12), ("threads", 1, 1.0, 0.01)]):
+        _engine_job(tmp_path / "swept", num, engine, workers, pss, stall=stall)
+    build_report(tmp_path / "swept")
+    header = (tmp_path / "swept" / "sweep_summary.md").read_text().splitlines()[0]
+    assert "| data.engine | status | images_per_sec |" in header  # the swept column says the engine: no second one
+    assert (
+        "| images_per_sec_p75 | pss_peak_gb | epoch_start_cost_frac | epoch_start_cost_s | data_wait_frac |" in header
+    )
+    rows = _csv_rows(tmp_path / "swept")
+    assert [(r["data.engine"], r["pss_peak_gb"], r["epoch_start_cost_frac"]) for r in rows] == [
+        ("dataloader", "1.600", "0.120"),
+        ("threads", "1.000", "0.010"),
+    ]
+    assert [r["epoch_start_cost_s"] for r in rows] == ["0.600", "0.600"] and "engine" not in rows[0]
+    assert "PSS 1.00 GB  epoch start 0.60 s (1.0% of an epoch)" in capsys.readouterr().out
+    # every job wrote data.engine=threads (not swept), and one had no workers to run threads with: an engine column
+    _engine_job(tmp_path / "fixed", 0, "threads", 0, 1.0, ran="dataloader")
+    _engine_job(tmp_path / "fixed", 1, "threads", 2, 1.0)
+    _fake_job(tmp_path / "fixed", 2, ["data.engine=threads", "data.num_workers=3"], None)  # failed: no engine
+    header, cells = table(*collect(tmp_path / "fixed"))
+    assert [row[header.index("engine")] for row in cells] == ["dataloader", "threads", ""]
+    assert "engine" in header[header.index("images_per_sec_p75") :][:2]
+    _fake_job(tmp_path / "old", 0, ["data.num_workers=0"], {"rate": 90.0, "windows": [90.0] * 6})  # no loader
+    rows, swept = collect(tmp_path / "old")
+    assert rows[0]["engine"] == "dataloader"  # the only engine before data.engine
+    assert not {"engine", "pss_peak_gb", "epoch_start_cost_frac", "epoch_start_cost_s"} & set(table(rows, swept)[0])
+
+
+def test_a_tie_between_engines_goes_to_the_lower_memory_then_to_threads(tmp_path: Path) -> None:
+    """Memory beyond noise decides whichever engine has it; within noise, today's order; then threads. A threads
+    run neither wins nor loses on persistent_workers, which threads do not have."""
+    sweeps = {
+        "threads lighter": ([1.6, 1.6, 1.0, 1.1], "threads", 1),
+        "workers lighter": ([1.0, 1.1, 1.6, 1.6], "dataloader", 1),
+        "more threads lighter": ([1.6, 1.6, 1.5, 1.0], "threads", 2),
+        "within noise": ([1.00, 1.02, 1.04, 0.98], "threads", 1),
+    }
+    for name, (peaks, engine, workers) in sweeps.items():
+        jobs = [("dataloader", 1), ("dataloader", 2), ("threads", 1), ("threads", 2)]
+        for num, ((kind, count), pss) in enumerate(zip(jobs, peaks, strict=True)):
+            _engine_job(tmp_path / name, num, kind, count, pss)
+        rows, swept = collect(tmp_path / name)
+        best = rank(rows)
+        assert (best["engine"], best["workers"], best["standing"]) == (
+            engine,
+            workers,
+            "recommended: cheapest of a tie",
+        )
+    line = decision(rows, swept, best)
+    assert "Recommended: data.engine=threads data.num_workers=1, the cheapest of them (pin_memory=false, then " in line
+    assert "fewest workers (threads or processes alike)" in line and "then threads over worker processes, among" in line
+
+    def job(name: str, kind: str, pss: float, **loader: Any) -> dict:
+        _engine_job(tmp_path / name, 0, kind, 1, pss, **loader)
+        return read_job(tmp_path / name / "0")
+
+    kept, threads = job("kept", "dataloader", 1.0, persistent_workers=True), job("t", "threads", 1.0)
+    assert cheapest([kept, threads]) is threads
+    fresh, claimed = job("fresh", "dataloader", 1.0), job("claimed", "threads", 1.0, persistent_workers=True)
+    assert cheapest([fresh, claimed]) is claimed  # persistent_workers=true on a threads row costs nothing
+    unpinned, pinned = job("unpinned", "dataloader", 1.0), job("pinned", "threads", 1.0, pin_memory=True)
+    assert cheapest([pinned, unpinned]) is unpinned  # pinned memory still comes first
+
+
+def test_threads_without_workers_ran_as_the_dataloader_and_tie_with_it(tmp_path: Path) -> None:
+    """data.engine=threads with num_workers=0 runs no threads (the loader records engine dataloader): the two
+    jobs ran alike, and the decision line says data.engine had no effect."""
+    _engine_job(tmp_path, 0, "dataloader", 0, 1.0, prefetch_factor=None, persistent_workers=None)
+    _engine_job(tmp_path, 1, "threads", 0, 1.05, ran="dataloader", prefetch_factor=None, persistent_workers=None)
+    rows, swept = collect(tmp_path)
+    best = rank(rows)
+    notes = " ".join(row["confidence"] for row in rows)
+    assert re.search(r"tied: it ran with the same effective settings as job [01] \(data.engine had no effect", notes)
+    line = decision(rows, swept, best)
+    assert best["overrides"]["data.engine"] == "dataloader"  # an engine that had no effect is no reason to change
+    assert "data.engine had no effect here" in line and '(engine="dataloader"), so the cheaper value' in line

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -23,8 +24,9 @@ from imgtrain.data.loader import plan_loader
 from imgtrain.data.pipeline import build_loader
 from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.samples import GuardedSamples
-from imgtrain.data.threads import ThreadLoader
+from imgtrain.data.threads import ThreadLoader, shared_handles
 from imgtrain.host import optional
+from imgtrain.metrics import console, report
 from imgtrain.resilience.checkpoint import Checkpointer
 from imgtrain.resilience.faults import Preempted
 from imgtrain.train.run import run
@@ -157,3 +159,52 @@ def test_a_run_stopped_on_threads_resumes_on_processes_exactly(tmp_path: Path, m
     straight = torch.load(tmp_path / "straight" / "checkpoints" / "last.pt", weights_only=True)["model"]
     resumed = torch.load(tmp_path / "part" / "checkpoints" / "last.pt", weights_only=True)["model"]
     assert all(torch.equal(straight[key], resumed[key]) for key in straight)
+
+
+def _input_bound(engine: str, threads: int, cpu_share: float | None) -> dict:
+    per_image = dict.fromkeys(("read", "decode", "transfer", "h2d", "gpu_decode", "collate"), 0.01) | {"augment": 0.2}
+    pipeline = {"stage_ms_per_image": per_image, "worker_busy_frac": 0.95, "worker_busy_cores": 1.9}
+    pipeline |= {"transfer_frac_of_wait": 0.0, "workers": threads, "loader_cpu_frac": cpu_share}
+    loader = {"num_workers": threads, "pin_memory": False, "persistent_workers": False, "engine": engine}
+    return {"mode": "train", "data_wait_frac": 0.6, "loader": loader, "cpu_count": 2, "world_size": 1} | {
+        "device": "cpu",
+        "pipeline": pipeline,
+        "dataset_augment": "trivialaugment",
+    }
+
+
+def test_the_verdict_says_when_a_stage_will_not_scale_on_threads() -> None:
+    """Loader threads on a CPU under 70% of their busy time waited for each other (the GIL) or for cores: the
+    verdict says so and points at worker processes; threads that ran freely, or processes, get today's advice."""
+    bound = report.verdict(_input_bound("threads", 2, 0.45))
+    assert "augment takes the most input time" in bound
+    assert (
+        "the 2 loader threads ran on a CPU only 45% of their busy time" in bound and "data.engine=dataloader" in bound
+    )
+    assert report.suggest_next(_input_bound("threads", 2, 0.45)) == "data.engine=dataloader"
+    assert "loader threads ran" not in report.verdict(_input_bound("threads", 2, 0.9))
+    assert "loader threads ran" not in report.verdict(_input_bound("dataloader", 2, None))
+    assert "persistent_workers" not in report.verdict(_input_bound("threads", 1, 0.9))  # threads start each epoch
+    assert console.busy_line(_input_bound("threads", 2, 0.45)["pipeline"], "threads") == (
+        "95% of 2 loader thread(s), 1.90 CPU cores, on a CPU 45% of that time"
+    )
+
+
+def test_a_handle_threads_must_not_share_is_named_before_the_first_batch(caplog: pytest.LogCaptureFixture) -> None:
+    """A sqlite3 connection opened in a user's __init__ refuses every other thread: said before any batch."""
+
+    class Rows(_Stuck):
+        def __init__(self) -> None:
+            self.db = sqlite3.connect(":memory:")
+
+    class Wrapper(torch.utils.data.Dataset):
+        def __init__(self, dataset) -> None:
+            self.dataset = dataset
+
+        def __len__(self) -> int:
+            return len(self.dataset)
+
+    assert shared_handles(Wrapper(Rows())) == ["Rows.db (sqlite3.Connection)"]
+    caplog.set_level("WARNING")
+    _loader(Wrapper(Rows()), timeout=0)
+    assert "the dataset holds Rows.db (sqlite3.Connection), which the 2 loader threads would share" in caplog.text

@@ -54,6 +54,9 @@ class BatchTimes(NamedTuple):
     busy: float = 0.0  # every second the worker spent on this batch: its samples' __getitem__ and collate
     finished: float = 0.0  # time.perf_counter() when collate ended (CLOCK_MONOTONIC: the same in every process)
     samples: int = 0  # samples loaded for it (unreadable ones replaced included)
+    # CPU seconds the loader thread ran while making it (data.engine=threads: time.thread_time); 0: not measured.
+    # Below `busy`, the thread waited: for the GIL, for a core, or for a read
+    cpu: float = 0.0
 
 
 def timed_sample(load, *args) -> tuple[object, tuple[float, float, float, float]]:

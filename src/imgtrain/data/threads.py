@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,6 +35,23 @@ from imgtrain.host import optional
 log = logging.getLogger(__name__)
 NEEDED_BY = "data.engine=threads"
 _END = object()  # the pump's last item: the epoch is over
+
+
+# Handles that loader threads must not share, by the module of their type: a sqlite3 connection refuses other
+# threads (check_same_thread), h5py serialises every call behind one lock, an LMDB transaction belongs to its thread.
+UNSAFE_HANDLES = ("sqlite3", "h5py", "lmdb")
+
+
+def shared_handles(dataset: Any, depth: int = 3) -> list[str]:
+    """`attribute (type)` for each handle of UNSAFE_HANDLES a dataset (or the dataset it wraps) holds."""
+    found = []
+    for name, value in vars(dataset).items() if hasattr(dataset, "__dict__") else ():
+        module = type(value).__module__.partition(".")[0]
+        if module in UNSAFE_HANDLES:
+            found.append(f"{type(dataset).__name__}.{name} ({type(value).__module__}.{type(value).__name__})")
+        elif name == "dataset" and depth > 1:
+            found += shared_handles(value, depth - 1)
+    return found
 
 
 class _Failed:
@@ -54,6 +72,14 @@ class ThreadLoader:
         self._busy: dict[int, list[Any]] = {}  # each loader thread's batch in the making: what a timeout names
         self._local = threading.local()
         self._stop = threading.Event()  # the running epoch's: set when the training thread leaves it
+        shared = shared_handles(samples.dataset)
+        if shared:  # opened once in __init__, then used by every loader thread
+            log.warning(
+                "data.engine=threads: the dataset holds %s, which the %d loader threads would share; such handles "
+                "are not thread-safe: open one per thread (threading.local) or use data.engine=dataloader",
+                ", ".join(shared),
+                threads,
+            )
 
     def __len__(self) -> int:
         return len(BatchSampler(self.sampler, self.batch_size, self.drop_last))
@@ -64,10 +90,14 @@ class ThreadLoader:
             torch.set_num_threads(1)  # per thread (OpenMP's setting): N threads, N cores, as N worker processes
             self._local.ready = True
         self._busy[threading.get_ident()] = items
+        started = time.thread_time()
         try:
-            return collate(self.samples.__getitems__(items))
+            batch = collate(self.samples.__getitems__(items))
         finally:
             self._busy.pop(threading.get_ident(), None)
+        if not batch.times:  # data.stage_timings=false
+            return batch
+        return batch._replace(times=batch.times._replace(cpu=time.thread_time() - started))
 
     def _graph(self) -> Any:
         """This epoch's torchdata graph (the sampler's epoch and start as RunData.start_epoch set them)."""

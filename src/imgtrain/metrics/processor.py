@@ -22,17 +22,10 @@ from imgtrain.config.model import model_name
 from imgtrain.config.schema import Config, Mode
 from imgtrain.host import dist
 from imgtrain.host.cpus import available_cpus
+from imgtrain.metrics.console import print_table, progress_bar, update_progress
 from imgtrain.metrics.epoch_start import EpochStarts
 from imgtrain.metrics.monitor import ResourceMonitor
-from imgtrain.metrics.report import (
-    bounding_stage,
-    print_table,
-    progress_bar,
-    too_few_windows,
-    update_progress,
-    verdict,
-    why_not_measured,
-)
+from imgtrain.metrics.report import bounding_stage, too_few_windows, verdict, why_not_measured
 from imgtrain.metrics.spread import Rate
 from imgtrain.metrics.stage_breakdown import PipelineMeter
 from imgtrain.metrics.summary import RunSummary, as_json

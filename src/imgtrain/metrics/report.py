@@ -1,16 +1,11 @@
-"""What a person reads: the verdict on what bounds a run, the end-of-run table, and the progress bar."""
+"""What a person reads of a run's loading: the verdict on what bounds it, and the advice it gives (the console's
+table and progress bar: metrics/console.py)."""
 
 from __future__ import annotations
 
-import logging
 import statistics
-import sys
 from typing import Any
 
-from tqdm import tqdm
-
-from imgtrain.config.fields import AUTO
-from imgtrain.config.val_metrics import VAL_METRICS, field
 from imgtrain.data.loader import auto_num_workers
 from imgtrain.data.stages import WORKER_STAGES
 from imgtrain.metrics.spread import MIN_WINDOWS, Rate, indistinguishable, windows_needed
@@ -20,22 +15,37 @@ INPUT_BOUND_WAIT = 0.10
 EPOCH_START_NOTABLE = 0.03  # an epoch start costing more than this share of an epoch is named in the verdict
 
 
+def threads_wait(summary: dict[str, Any]) -> float | None:
+    """With data.engine=threads and 2 or more threads: their CPU share of their busy time when it is below
+    GIL_BOUND_CPU (they waited for each other or for cores), else None."""
+    loader, pipeline = summary.get("loader") or {}, summary.get("pipeline") or {}
+    share = pipeline.get("loader_cpu_frac")
+    threads = loader.get("engine") == "threads" and (loader.get("num_workers") or 0) >= 2
+    return share if threads and share is not None and share < GIL_BOUND_CPU else None
+
+
 def suggest_next(summary: dict[str, Any]) -> str:
     """The next loader setting worth trying when a run is input-bound."""
     loader = summary["loader"]
     workers = loader["num_workers"]
+    threads = loader.get("engine") == "threads"
+    if threads_wait(summary) is not None:  # more threads would wait too: processes do not share the GIL
+        return "data.engine=dataloader"
     most = auto_num_workers(summary.get("local_world_size", summary["world_size"]), cpus=summary["cpu_count"])
     if workers < most:  # the same budget as num_workers=auto: this process's CPUs minus one for training
         return f"data.num_workers={min(max(1, 2 * workers), most)}"
     if summary["device"].startswith("cuda") and not loader["pin_memory"]:
         return "data.pin_memory=true"
-    if workers and not loader.get("persistent_workers"):
+    if workers and not loader.get("persistent_workers") and not threads:
         return "data.persistent_workers=true"
-    if workers and (loader.get("prefetch_factor") or 2) < 4:
+    if workers and (loader.get("prefetch_factor") or 2) < 4 and not threads:  # threads: 2 each, fixed
         return "data.prefetch_factor=4"
     return "fewer CPU cycles per image: pre-resized or smaller images, or decoding on the GPU"
 
 
+# Loader threads on a CPU less than this share of their busy time wait for each other (the GIL) or for cores: one
+# thread on the 2-core machine ran 0.89 of its time, two threads on `shapes` at 32 px (Python-bound) 0.45
+GIL_BOUND_CPU = 0.7
 # Training below this share of the model's own rate (measured alone), while workers keep CPUs busy: contention.
 CONTENDED_RATE = 0.8
 # Below this share of their time busy, the workers are idle: the loop waits for something else.
@@ -162,6 +172,19 @@ def verdict(summary: dict[str, Any]) -> str:
     return _bound(summary, wait) + epoch_start_note(summary)
 
 
+def threads_note(summary: dict[str, Any]) -> str:
+    """`; the 2 loader threads ran on a CPU only 45% ...`: the stage will not scale on threads."""
+    share = threads_wait(summary)
+    if share is None:
+        return ""
+    return (
+        f"; the {summary['loader']['num_workers']} loader threads ran on a CPU only {share:.0%} of their busy time: "
+        "they wait for each other (Python's GIL, held by per-sample Python work such as an augmentation policy or a "
+        "Dataset's own __getitem__) or for cores, so it will not scale on more threads; worker processes do not "
+        "share the GIL (data.engine=dataloader)"
+    )
+
+
 def epoch_start_note(summary: dict[str, Any]) -> str:
     """`; each epoch start costs 0.36 s (5% of an epoch) ...` when it costs more than EPOCH_START_NOTABLE."""
     share, costs = summary.get("epoch_start_cost_frac"), summary.get("epoch_start_cost_s") or []
@@ -169,22 +192,9 @@ def epoch_start_note(summary: dict[str, Any]) -> str:
         return ""
     loader = summary.get("loader") or {}
     remedy = ""
-    if loader.get("num_workers") and not loader.get("persistent_workers"):
+    if loader.get("num_workers") and not loader.get("persistent_workers") and loader.get("engine") != "threads":
         remedy = ": set data.persistent_workers=true (workers are started again at every epoch)"
     return f"; each epoch start costs {statistics.median(costs):.2f} s ({share:.0%} of an epoch){remedy}"
-
-
-def epoch_start_line(summary: dict[str, Any]) -> str:
-    """The console's epoch-start row: the first batch's wait and the stall after it."""
-    first, costs = summary.get("epoch_first_batch_s") or [], summary.get("epoch_start_cost_s") or []
-    if not first:
-        return "n/a"
-    text = f"first batch after {statistics.median(first):.3f} s (median of {len(first)} epoch(s))"
-    if not costs:
-        return f"{text}; one epoch: no later epoch start to measure"
-    share = summary.get("epoch_start_cost_frac")
-    of_epoch = f" ({share:.1%} of an epoch)" if share is not None else ""
-    return f"{text}; each later start costs {statistics.median(costs):.3f} s{of_epoch}"
 
 
 def _bound(summary: dict[str, Any], wait: float) -> str:
@@ -196,7 +206,8 @@ def _bound(summary: dict[str, Any], wait: float) -> str:
         more = suggest_next(summary) if stage in ("read", "decode", "augment") else None
         advice = stage_advice(stage, summary)
         advice = advice if more is None or "num_workers" not in more else f"{more}, {advice}"
-        return f"input-bound: {wait:.0%} of step time waits for data; {_stage_words(stage, pipeline)}: try {advice}"
+        words = f"input-bound: {wait:.0%} of step time waits for data; {_stage_words(stage, pipeline)}: try {advice}"
+        return words + threads_note(summary)
     contended = contention(summary)
     if contended:
         return contended
@@ -239,108 +250,7 @@ def too_few_windows(windows: int, skip_first_steps: int, log_every_n_steps: int)
     )
 
 
-def rate_line(summary: dict[str, Any]) -> str:
-    """`767.1 over all steady steps; median window 780.4 (95% interval of the median window 740.2-790.0, 12
-    windows)`, or why there is no figure. Both figures: when windows vary (epoch-start stalls, a decode-bound
-    stretch) the overall rate falls below the median window's interval, which belongs to the median alone."""
-    if summary.get("images_per_sec_note"):
-        return summary["images_per_sec_note"]
-    rate, interval = _fmt(summary["images_per_sec"], ",.1f"), summary.get("images_per_sec_interval")
-    if not interval:
-        return f"{rate} ({summary.get('images_per_sec_interval_note') or 'no interval'})"
-    windows = len(summary.get("images_per_sec_windows") or [])
-    median, own = summary.get("images_per_sec_median"), summary.get("images_per_sec_per_process")
-    # the median is this process's; the interval, like images_per_sec, is scaled to all ranks
-    scaled = median * summary["images_per_sec"] / own if median and own else None
-    return (
-        f"{rate} over all steady steps; median window {_fmt(scaled, ',.1f')} (95% interval of the median window "
-        f"{interval[0]:,.1f}-{interval[1]:,.1f}, {windows} windows)"
-    )
-
-
-def _fmt(value: Any, spec: str) -> str:
-    return "n/a" if value is None else format(value, spec)
-
-
-def print_table(summary: dict[str, Any]) -> None:
-    """A short summary on the console."""
-    loader = summary["loader"]
-    rows = [
-        ("images/s (steady state)", rate_line(summary)),
-        ("data wait (share of step)", _fmt(summary["data_wait_frac"], ".1%")),
-        ("epoch start", epoch_start_line(summary)),
-        ("step time (ms)", _fmt(summary["step_time_ms"], ".1f")),
-        ("verdict", summary.get("verdict") or "n/a"),
-        ("input stages (ms per image)", stages_line(summary.get("pipeline"))),
-        ("loading busy", busy_line(summary.get("pipeline"), loader.get("engine"))),
-        ("GPU util (mean %)", _fmt(summary["gpu_util_mean"], ".1f")),
-        ("CPU (mean % of system)", _fmt(summary["cpu_pct_mean"], ".1f")),
-        ("RSS peak incl. workers (GB)", _fmt(summary["rss_peak_gb"], ".2f")),
-        ("PSS peak incl. workers (GB)", _fmt(summary.get("pss_peak_gb"), ".2f")),
-        *val_rows(summary),
-        ("steps / wall time (s)", f"{summary['steps']} / {summary['wall_time_s']:.1f}"),
-        (
-            "loader",
-            f"batch_size={loader['batch_size']} num_workers={loader['num_workers']} pin_memory={loader['pin_memory']}"
-            + (" engine=threads" if loader.get("engine") == "threads" else ""),
-        ),
-        (
-            "device / precision / world",
-            f"{summary['device']} / {summary['precision']} / {summary['world_size']}",
-        ),
-    ]
-    width = max(len(name) for name, _ in rows)
-    lines = [f"  {name.ljust(width)}  {value}" for name, value in rows]
-    print("\n".join(["", "Run summary", *lines, ""]), flush=True)
-
-
-def val_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    """A row per figure validation computes (config/val_metrics.py), the EMA's beside the model's when there is one."""
-    rows = []
-    for metric in VAL_METRICS:
-        value, ema = _fmt(summary.get(field(metric)), ".4f"), summary.get(field(metric, ema=True))
-        rows.append((metric.label, value if ema is None else f"{value} (EMA {ema:.4f})"))
-    return rows
-
-
-def stages_line(pipeline: dict[str, Any] | None) -> str:
-    """`read 0.05  decode 0.40 ...`: each measured stage's milliseconds per image, workers' stages first."""
-    per_image = (pipeline or {}).get("stage_ms_per_image") or {}
-    shown = [f"{stage} {value:.3f}" for stage, value in per_image.items() if value is not None]
-    return "  ".join(shown) if shown else "n/a (no timed batches: data.stage_timings=false or no DataLoader)"
-
-
-def busy_line(pipeline: dict[str, Any] | None, engine: str | None = None) -> str:
-    """How busy the loading processes (or threads, data.engine=threads) were: busy time over wall time x workers."""
-    if not pipeline or pipeline.get("worker_busy_frac") is None:
-        return "n/a"
-    workers = pipeline["workers"]
-    kind = "loader thread(s)" if engine == "threads" else "worker(s)"
-    who = f"{workers} {kind}" if workers else "the training process (num_workers=0)"
-    return f"{pipeline['worker_busy_frac']:.0%} of {who}, {pipeline['worker_busy_cores']:.2f} CPU cores"
-
-
 def bounding_stage(summary: dict[str, Any]) -> str | None:
     """The input stage named by the verdict of an input-bound run (None otherwise)."""
     wait = summary.get("data_wait_frac")
     return input_stage(summary.get("pipeline")) if wait is not None and wait > INPUT_BOUND_WAIT else None
-
-
-def progress_bar(total: int, epoch: int, setting: Any) -> tqdm:
-    """A per-epoch bar with img/s; on by default only on a terminal, so logs in files stay readable."""
-    show = sys.stderr.isatty() if setting == AUTO else bool(setting)
-    return tqdm(total=total, desc=f"epoch {epoch + 1}", unit="step", disable=not show, dynamic_ncols=True, leave=False)
-
-
-def update_progress(bar: tqdm, metrics: dict[str, float], global_step: int) -> None:
-    """Show the latest window's figures on the bar (or as a log line when there is no bar)."""
-    shown = {"loss": f"{metrics['train/loss']:.3f}"} if "train/loss" in metrics else {}
-    if "perf/images_per_sec" in metrics:
-        shown["img/s"] = f"{metrics['perf/images_per_sec']:.0f}"
-        shown["wait"] = f"{metrics['perf/data_wait_frac']:.0%}"
-    if bar.disable:
-        logging.getLogger("imgtrain.train.run").info(
-            "step %d: %s", global_step, " ".join(f"{k} {v}" for k, v in shown.items())
-        )
-    else:
-        bar.set_postfix(shown, refresh=False)

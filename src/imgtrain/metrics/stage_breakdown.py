@@ -15,7 +15,7 @@ from imgtrain.metrics.spread import Rate
 
 # Accumulated per window and over the steady state: seconds, except the counts.
 FIELDS = ("wait", "transfer", "read", "decode", "augment", "collate", "busy", "samples", "batches")
-FIELDS += ("timed_batches", "h2d", "copies", "gpu_decode", "decodes", "seconds")
+FIELDS += ("timed_batches", "h2d", "copies", "gpu_decode", "decodes", "seconds", "cpu")
 COMPUTE_FIELDS = ("compute_images_per_sec", "compute_images_per_sec_interval")  # the model alone: median, interval
 
 
@@ -37,7 +37,7 @@ class PipelineMeter:
         window["batches"] += 1
         if times:
             window["timed_batches"] += 1
-            for key in ("read", "decode", "augment", "collate", "busy", "samples"):
+            for key in ("read", "decode", "augment", "collate", "busy", "samples", "cpu"):
                 window[key] += getattr(times, key)
 
     def discard_copies(self) -> None:
@@ -109,6 +109,8 @@ def breakdown(totals: dict[str, float], workers: int, measured_copy: bool) -> di
         "stage_ms_per_image": per_image,
         "worker_busy_frac": _per(totals["busy"], totals["seconds"] * max(1, workers), 1.0) if timed else None,
         "worker_busy_cores": _per(totals["busy"], totals["seconds"], 1.0) if timed else None,
+        # loader threads: CPU seconds over busy seconds (the rest waiting for the GIL, a core or a read)
+        "loader_cpu_frac": _per(totals["cpu"], totals["busy"], 1.0) if totals["cpu"] else None,
         "transfer_frac_of_wait": min(1.0, totals["transfer"] / totals["wait"]) if totals["wait"] else None,
         "workers": workers,
         "timed_batches": int(totals["timed_batches"]),

@@ -14,25 +14,27 @@ from imgtrain.sweep.files import Damaged, read_json, read_yaml
 from imgtrain.sweep.plot import STAGES
 from imgtrain.sweep.rank import spread_of
 
+THROUGHPUT_COLUMNS = ("images_per_sec", "images_per_sec_median", "images_per_sec_p25", "images_per_sec_p75")
 METRIC_COLUMNS = (
-    "images_per_sec",
-    "images_per_sec_median",
-    "images_per_sec_p25",
-    "images_per_sec_p75",
+    *THROUGHPUT_COLUMNS,
     "data_wait_frac",
     "gpu_util_mean",
     "cpu_pct_mean",
     "rss_peak_gb",
     "val_acc",
 )
-# From `pss_peak_gb`, `pipeline` and `tune` in metrics.json (newer runs only): a column empty in every row is left out.
+# What a setting costs, shown beside its throughput (report.table): the loader engine (`loader.engine`; only where
+# the swept columns do not already say it), the memory peak (PSS, GB) and the epoch-start stall (metrics/
+# epoch_start.py: the median later epoch start's cost as a share of an epoch, and in seconds).
+COST_COLUMNS = ("engine", "pss_peak_gb", "epoch_start_cost_frac", "epoch_start_cost_s")
+# From `loader`, `pss_peak_gb`, the epoch start, `pipeline` and `tune` in metrics.json (newer runs only): a column
+# empty in every row is left out.
 OPTIONAL_COLUMNS = (
-    "pss_peak_gb",
+    *COST_COLUMNS,
     "input_stage",
     "worker_busy_frac",
     *(f"{stage}_ms" for stage in STAGES),  # ms per image (worker stages: CPU time summed over workers)
     "tune_chosen",
-    "epoch_start_cost_frac",  # the epoch-start stall as a share of an epoch (metrics/epoch_start.py)
 )
 OVERRIDES = ".hydra/overrides.yaml"  # as Hydra writes it: a list of key=value strings
 STOPPED = "stopped.json"  # a job a stop signal ended (its checkpoint saved): it ends the sweep too
@@ -41,11 +43,18 @@ DAMAGED = "damaged"  # the status of a job whose files the report cannot use
 # What the report computes with, by the type metrics.json gives it (a run writes these; an edit may not). The
 # display-only fields (pipeline's and tune's contents, the environment) are shown as they are, never computed with.
 QUARTILES = ("images_per_sec_p25", "images_per_sec_p75")  # computed here from the windows, not read
-NUMBERS = (*(key for key in METRIC_COLUMNS if key not in QUARTILES), "images_per_sec_per_process", "pss_peak_gb")
+NUMBERS = (
+    *(key for key in METRIC_COLUMNS if key not in QUARTILES),
+    "images_per_sec_per_process",
+    "pss_peak_gb",
+    "epoch_start_cost_frac",
+)
+LISTS = ("images_per_sec_windows", "epoch_start_cost_s")  # lists of numbers
 TEXTS = ("mode", "verdict", "images_per_sec_note", "images_per_sec_interval_note")
 RECORDS = ("loader", "pipeline", "tune", "environment")
 LOADER_NUMBERS = ("num_workers", "prefetch_factor")
 LOADER_FLAGS = ("pin_memory", "persistent_workers")
+LOADER_TEXTS = ("engine",)
 
 
 def _is_number(value: Any) -> bool:
@@ -73,7 +82,7 @@ def wrong_field(metrics: dict[str, Any]) -> str | None:
     expected = [(key, _is_number, "a number") for key in NUMBERS]
     expected += [(key, lambda v: isinstance(v, str), "a string") for key in TEXTS]
     expected += [(key, lambda v: isinstance(v, dict), "an object") for key in RECORDS]
-    expected.append(("images_per_sec_windows", _finite_numbers, "a list of numbers"))
+    expected += [(key, _finite_numbers, "a list of numbers") for key in LISTS]
     for key, fits, kind in expected:
         if metrics.get(key) is not None and not fits(metrics[key]):
             return f"{key} is {_shown(metrics[key])}, expected {kind} or null"
@@ -81,6 +90,7 @@ def wrong_field(metrics: dict[str, Any]) -> str | None:
     for key, fits, kind in [
         *((key, _is_number, "a number") for key in LOADER_NUMBERS),
         *((key, lambda v: isinstance(v, bool), "true or false") for key in LOADER_FLAGS),
+        *((key, lambda v: isinstance(v, str), "a string") for key in LOADER_TEXTS),
     ]:
         if loader.get(key) is not None and not fits(loader[key]):
             return f"loader.{key} is {_shown(loader[key])}, expected {kind} or null"
@@ -117,12 +127,14 @@ def _optional(metrics: dict[str, Any]) -> dict[str, Any]:
     """The optional columns' values (None when missing) and the dicts the plot and the environment lines read."""
     pipeline, tune = _dict(metrics.get("pipeline")), _dict(metrics.get("tune"))
     stages = _dict(pipeline.get("stage_ms_per_image"))
+    costs = metrics.get("epoch_start_cost_s") or []  # seconds, one per epoch start after the first
     values = {
         "pss_peak_gb": metrics.get("pss_peak_gb"),
         "input_stage": pipeline.get("input_stage"),
         "worker_busy_frac": pipeline.get("worker_busy_frac"),
         "tune_chosen": tune.get("chosen"),
         "epoch_start_cost_frac": metrics.get("epoch_start_cost_frac"),
+        "epoch_start_cost_s": statistics.median(costs) if costs else None,  # as the share is: the median start
         **{f"{stage}_ms": stages.get(stage) for stage in STAGES},
     }
     return {**values, "pipeline": pipeline, "tune": tune, "environment": _dict(metrics.get("environment"))}

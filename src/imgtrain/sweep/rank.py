@@ -17,6 +17,7 @@ import math
 import statistics
 from typing import Any
 
+from imgtrain.config.data import LoaderEngine
 from imgtrain.metrics.spread import median_interval, overlaps
 from imgtrain.sweep.plot import describe
 from imgtrain.sweep.settings import no_effect, ran_alike, setting_of, written
@@ -31,12 +32,15 @@ MIN_GAIN = 0.10
 # repeats of one setting differed by, whichever is larger: the same setting's PSS moves by a few percent between
 # runs (page cache, allocator), and that noise must not outrank what the sweep was about.
 MEMORY_NOISE = 0.10
+THREADS, DATALOADER = LoaderEngine.threads.value, LoaderEngine.dataloader.value
+ENGINE_KEY = "data.engine"
 
 
 def spread_of(metrics: dict[str, Any]) -> dict[str, Any]:
     """The median window rate and its 95% interval, in the units of images_per_sec (all ranks), recomputed from
     the windows so that runs written before metrics.json carried an interval are ranked the same way; and what
-    makes a setting cheap (its workers, its pinned memory), all as the run used them."""
+    makes a setting cheap (its engine, its workers, its pinned memory), all as the run used them. A finished run
+    that recorded no engine ran worker processes, the only engine before data.engine; a job without figures: None."""
     windows = metrics.get("images_per_sec_windows") or []
     per_process, total = metrics.get("images_per_sec_per_process"), metrics.get("images_per_sec")
     ranks = total / per_process if total and per_process else 1.0
@@ -52,6 +56,7 @@ def spread_of(metrics: dict[str, Any]) -> dict[str, Any]:
         "pin": loader.get("pin_memory"),
         "prefetch": loader.get("prefetch_factor"),  # absent (None) without workers: nothing prefetched
         "persistent": loader.get("persistent_workers"),
+        "engine": (loader.get("engine") or DATALOADER) if metrics else None,
         "loader": loader,  # the effective arguments: what the run used, whatever the override said
     }
 
@@ -174,18 +179,24 @@ def drift(rows: list[dict[str, Any]]) -> str:
 
 def cheapest(rows: list[dict[str, Any]], noise: float = MEMORY_NOISE) -> dict[str, Any]:
     """Of settings that run equally fast, the one that asks least of the machine. A memory peak (PSS) more than
-    `noise` above the lowest rules a setting out; among the rest: pin_memory=false (no page-locked buffers), then
-    the fewest DataLoader workers, then the fewest prefetched batches, then no persistent workers, all as the run
-    used them; then the same as written (of settings that ran alike, data.pin_memory=false over a true that a CPU
-    ignored), then the lowest PSS. Settings that ran alike share their lowest peak: between them it is noise."""
+    `noise` above the lowest rules a setting out: that is where loader threads are cheaper than worker processes,
+    when they are, whichever engine the rest of the order would favour. Among the rest: pin_memory=false (no
+    page-locked buffers), then the fewest workers (loader threads and worker processes counted alike), then the
+    fewest prefetched batches, then no persistent workers (not applicable to threads, which start at every epoch
+    whatever the run records), then loader threads over worker processes (no processes to start, no /dev/shm),
+    all as the run used them; then the same as written (of settings that ran alike, data.pin_memory=false over a
+    true that a CPU ignored), then the lowest PSS. Settings that ran alike share their lowest peak: between them
+    it is noise."""
     peaks = {id(row): _alike_peak(row, rows) for row in rows}
     known = [peak for peak in peaks.values() if peak]
     ceiling = min(known) * (1 + noise) if known else math.inf
     affordable = [row for row in rows if (peaks[id(row)] or 0.0) <= ceiling]
 
     def order(row: dict[str, Any]) -> tuple[tuple[float, ...], tuple[float, ...], float]:
-        ran = _cost(*(row.get(field) for _, field in COST_FIELDS))
-        as_written = _cost(*(written(row, key, row.get(field)) for key, field in COST_FIELDS))
+        ran = _cost(*(row.get(field) for _, field in COST_FIELDS), row.get("engine"))
+        # the engine as it ran in both: data.engine=threads with num_workers=0 ran the DataLoader, and a written
+        # value that had no effect is no reason to prefer it (nor to avoid it)
+        as_written = _cost(*(written(row, key, row.get(field)) for key, field in COST_FIELDS), row.get("engine"))
         return ran, as_written, row.get("pss_peak_gb") or math.inf
 
     return min(affordable, key=order)
@@ -196,10 +207,13 @@ COST_FIELDS = (("pin_memory", "pin"), ("num_workers", "workers"), ("prefetch_fac
                ("persistent_workers", "persistent"))  # fmt: skip
 
 
-def _cost(pin: Any, workers: Any, prefetch: Any, persistent: Any) -> tuple[float, ...]:
+def _cost(pin: Any, workers: Any, prefetch: Any, persistent: Any, engine: Any) -> tuple[float, ...]:
     workers = math.inf if workers is None else workers  # not known: the dearest
     prefetched = workers * (prefetch or 0) if workers else 0  # batches in flight
-    return int(bool(pin)), workers, prefetched, int(bool(persistent) and workers > 0)
+    threads = engine == THREADS
+    # a threads run records persistent_workers=false (its threads start at every epoch): not a cost either way
+    lasting = int(bool(persistent) and workers > 0 and not threads)
+    return int(bool(pin)), workers, prefetched, lasting, int(not threads)
 
 
 def _alike_peak(row: dict[str, Any], rows: list[dict[str, Any]]) -> float | None:
@@ -272,8 +286,9 @@ def no_effect_line(best: dict[str, Any], alike: list[dict[str, Any]]) -> str:
 def cheapest_order(noise: float) -> str:
     """`cheapest`'s order, in words for the decision line."""
     return (
-        f"pin_memory=false, then fewest workers, fewest prefetched batches, no persistent workers, among those whose "
-        f"memory peak is within {noise:.0%} of the lowest"
+        f"pin_memory=false, then fewest workers (threads or processes alike), fewest prefetched batches, no "
+        f"persistent workers, then threads over worker processes, among those whose memory peak is within "
+        f"{noise:.0%} of the lowest"
     )
 
 

@@ -21,14 +21,16 @@ from imgtrain.host.dist import global_rank
 from imgtrain.metrics.spread import Rate, indistinguishable
 from imgtrain.sweep.files import write_file
 from imgtrain.sweep.jobs import (
+    COST_COLUMNS,
     DAMAGED,
     METRIC_COLUMNS,
     OPTIONAL_COLUMNS,
+    THROUGHPUT_COLUMNS,
     collect,
     read_job,  # noqa: F401 - imported from here before sweep/jobs.py held it
 )
 from imgtrain.sweep.plot import describe, plot
-from imgtrain.sweep.rank import MIN_GAIN, decision, drift, rank
+from imgtrain.sweep.rank import DATALOADER, ENGINE_KEY, MIN_GAIN, decision, drift, rank
 from imgtrain.sweep.settings import REPEAT_KEY, setting_of
 
 log = logging.getLogger(__name__)
@@ -51,19 +53,48 @@ def _cell(value: Any) -> str:
 
 
 def table(rows: list[dict[str, Any]], swept: list[str]) -> tuple[list[str], list[list[str]]]:
-    """Header and cells shared by the CSV and the markdown table (`ran_on` only when the machines differ)."""
+    """Header and cells shared by the CSV and the markdown table (`ran_on` only when the machines differ): what
+    each setting costs (COST_COLUMNS) beside its throughput, the optional columns only when some job has them."""
     optional = [k for k in OPTIONAL_COLUMNS if any(row.get(k) is not None for row in rows)]
+    optional = [k for k in optional if k != "engine" or engine_column(rows, swept)]
+    costs = [k for k in optional if k in COST_COLUMNS]
+    others = [k for k in optional if k not in COST_COLUMNS]
+    metrics = [*THROUGHPUT_COLUMNS, *costs, *(k for k in METRIC_COLUMNS if k not in THROUGHPUT_COLUMNS)]
     machine = ["ran_on"] if machine_differences(rows) else []
-    header = ["job", *swept, *machine, "status", *METRIC_COLUMNS, *SPREAD_COLUMNS, *optional, "verdict"]
+    header = ["job", *swept, *machine, "status", *metrics, *SPREAD_COLUMNS, *others, "verdict"]
     header += ["confidence", "reason"]
     cells = [
         [row["job"], *[row["overrides"].get(k, "") for k in swept]]
         + [_machine(row) for _ in machine]
-        + [row["status"], *[_cell(row.get(k)) for k in (*METRIC_COLUMNS, *SPREAD_COLUMNS, *optional)]]
+        + [row["status"], *[_cell(row.get(k)) for k in (*metrics, *SPREAD_COLUMNS, *others)]]
         + [row.get("verdict", ""), row.get("confidence", ""), row["reason"]]
         for row in rows
     ]
     return header, cells
+
+
+def engine_column(rows: list[dict[str, Any]], swept: list[str]) -> bool:
+    """Whether the table needs an `engine` column: some job ran another engine than its columns say (its
+    data.engine as written when that is swept, else the default dataloader), as data.engine=threads does without
+    workers (dataloader) or when every job of the sweep wrote it (no swept column)."""
+
+    def said(row: dict[str, Any]) -> str:
+        return str(row["overrides"].get(ENGINE_KEY, DATALOADER)).lower() if ENGINE_KEY in swept else DATALOADER
+
+    return any(row.get("engine") not in (None, said(row)) for row in rows)
+
+
+def _costs(row: dict[str, Any], engine: bool) -> str:
+    """The console's cost figures of a finished job: its engine (when the table shows it), PSS peak, epoch start."""
+    parts = [f"engine {row['engine']}"] if engine and row.get("engine") else []
+    if row.get("pss_peak_gb") is not None:
+        parts.append(f"PSS {row['pss_peak_gb']:.2f} GB")
+    share, seconds = row.get("epoch_start_cost_frac"), row.get("epoch_start_cost_s")
+    if share is not None or seconds is not None:
+        in_s = f"{seconds:.2f} s" if seconds is not None else ""
+        of_epoch = f"{share:.1%} of an epoch" if share is not None else ""
+        parts.append("epoch start " + (f"{in_s} ({of_epoch})" if in_s and of_epoch else in_s or of_epoch))
+    return "  ".join(parts)
 
 
 def ran_on(environment: dict[str, Any]) -> str:
@@ -197,6 +228,7 @@ def ceilings(rows: list[dict[str, Any]]) -> str:
 def print_summary(rows: list[dict[str, Any]], swept: list[str], best: dict | None, sweep_dir: Path) -> None:
     """The console end of a sweep: one line per job, then the fastest setting and how to reproduce it."""
     print(f"\nSweep report ({len(rows)} jobs) in {sweep_dir}")
+    engine = engine_column(rows, swept)
     for row in rows:
         if row["status"] == "ok" and row["images_per_sec"] is None:
             figures = f"      n/a img/s  {row['reason'] or 'not measured'}"
@@ -204,7 +236,7 @@ def print_summary(rows: list[dict[str, Any]], swept: list[str], best: dict | Non
             rate, wait = row["images_per_sec"], row["data_wait_frac"] or 0.0
             low, high = row.get("interval_low"), row.get("interval_high")
             median = f"median window {row['rate_median']:.1f} ({low:.1f}-{high:.1f})" if low is not None else ""
-            figures = f"{rate:9.1f} img/s  {median:<34} data wait {wait:6.1%}"
+            figures = f"{rate:9.1f} img/s  {median:<34} data wait {wait:6.1%}  {_costs(row, engine)}".rstrip()
         else:
             figures = f"{'DAMAGED' if row['status'] == DAMAGED else 'FAILED'}: {row['reason']}"
         print(f"  job {row['job']:>3}  {describe(row, swept):<40} {figures}  {row.get('confidence', '')}")

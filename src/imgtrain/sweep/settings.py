@@ -18,11 +18,12 @@ def setting_of(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:
 
 # The DataLoader arguments that a data.<key> override of the same name sets, as metrics.json's `loader` records
 # them once the run has resolved them (data/loader.py): pin_memory off without CUDA, the worker-only arguments not
-# passed without workers, auto and tune a count, distributed_sampler and augment_on what they came to.
+# passed without workers, auto and tune a count, distributed_sampler and augment_on what they came to, engine
+# dataloader where threads had no workers to run (data.engine=threads with num_workers=0).
 LOADER_ARGUMENTS = (
     "batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "in_order", "drop_last",
     "shuffle", "timeout", "multiprocessing_context", "distributed_sampler", "seed_workers", "device_resident",
-    "prefetch_to_device", "augment_on",
+    "prefetch_to_device", "augment_on", "engine",
 )  # fmt: skip
 
 
