@@ -232,7 +232,9 @@ def test_a_slow_dataset_makes_tune_choose_more_workers_than_a_fast_one(monkeypat
     feed = Feed(torch.device("cpu"), torch.zeros(1, 3, 1, 1), torch.ones(1, 3, 1, 1), torch.contiguous_format, False)
     info = dist.DistInfo(rank=0, local_rank=0, world_size=1, local_world_size=1)
     model_rate = lambda seconds: Rate(300.0, None, 1)  # noqa: E731 - images/s: 10 ms per image is far too slow
-    plan = lambda workers: plan_loader(settings.data, train=True, device_type="cpu", workers=workers)  # noqa: E731
+    plan = lambda workers, engine=None: plan_loader(  # noqa: E731
+        settings.data, train=True, device_type="cpu", workers=workers, engine=engine
+    )
     slow = tune.tune_workers(Images(0.01), settings, plan, feed, info, model_rate)
     fast = tune.tune_workers(Images(0.0), settings, plan, feed, info, model_rate)
     assert [row["num_workers"] for row in slow["table"]] == [0, 1, 2]

@@ -3,6 +3,7 @@ its order, switch with it mid-epoch, and end every way a loader can fail in one 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -27,8 +28,10 @@ from imgtrain.data.samples import GuardedSamples
 from imgtrain.data.threads import ThreadLoader, shared_handles
 from imgtrain.host import optional
 from imgtrain.metrics import console, report
+from imgtrain.metrics.spread import Rate
 from imgtrain.resilience.checkpoint import Checkpointer
 from imgtrain.resilience.faults import Preempted
+from imgtrain.train import tune
 from imgtrain.train.run import run
 
 
@@ -208,3 +211,73 @@ def test_a_handle_threads_must_not_share_is_named_before_the_first_batch(caplog:
     caplog.set_level("WARNING")
     _loader(Wrapper(Rows()), timeout=0)
     assert "the dataset holds Rows.db (sqlite3.Connection), which the 2 loader threads would share" in caplog.text
+
+
+def test_data_engine_tune_needs_num_workers_tune() -> None:
+    with pytest.raises(ConfigError, match=r"^data.engine=tune is chosen by data.num_workers=tune's probe, and "):
+        validate(compose_cfg("data.engine=tune", "data.num_workers=2"))
+    assert validate(compose_cfg("data.engine=tune", "data.num_workers=tune")).data.engine == LoaderEngine.tune
+
+
+def test_tune_probes_both_engines_and_keeps_the_cheaper_one_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fewest workers first, then threads before processes at one count (the sweep report's tie order)."""
+    keys = tune.candidates_of([0, 1, 2], LoaderEngine.tune)
+    assert [key.label(engines=True) for key in keys] == [
+        "num_workers=0", "num_workers=1 engine=threads", "num_workers=1 engine=dataloader",
+        "num_workers=2 engine=threads", "num_workers=2 engine=dataloader",
+    ]  # fmt: skip
+    assert tune.candidates_of([0, 2], LoaderEngine.threads) == [tune.Candidate(0), tune.Candidate(2, False)]
+    compute = Rate(100.0, (99.0, 101.0), 5)
+    rates = {key: Rate(rate, (rate - 1, rate + 1), 5) for key, rate in zip(keys, (50, 200, 210, 300, 300), strict=True)}
+    assert tune.choose(rates, compute)[0] == tune.Candidate(1, False)  # both ahead at 1 worker: threads
+    rates[tune.Candidate(1, False)] = Rate(110.0, (109.0, 111.0), 5)  # threads behind at 1: processes
+    assert tune.choose(rates, compute)[0] == tune.Candidate(1, True)
+    monkeypatch.setattr(tune.optional, "missing", lambda module: module == "torchdata")
+    assert tune.candidates_of([0, 1], LoaderEngine.tune) == [tune.Candidate(0), tune.Candidate(1)]
+
+
+@pytest.mark.slow  # a tuned run: probes of both engines
+def test_a_run_with_data_engine_tune_trains_on_the_engine_its_probe_chose(tmp_path: Path) -> None:
+    run(compose_cfg("debug=fast", "data.num_workers=tune", "data.engine=tune", "data.tune_budget_s=3",
+                    output_dir=str(tmp_path)))  # fmt: skip
+    args = json.loads((tmp_path / "loader_args.json").read_text())
+    probed = {(row["num_workers"], row["engine"]) for row in args["tune"]["table"]}
+    assert (1, "threads") in probed and (1, "dataloader") in probed
+    chosen = (args["tune"]["chosen"], args["tune"]["engine"])
+    assert chosen in probed and (args["train"]["num_workers"], args["train"]["engine"]) == chosen
+
+
+class _Counted(torch.utils.data.Dataset):
+    """Counts the samples it has loaded."""
+
+    def __init__(self) -> None:
+        self.loaded = 0
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int):
+        self.loaded += 1
+        return torch.zeros(3, 4, 4), index
+
+
+def test_the_next_epoch_is_made_while_this_one_ends_and_a_resume_starts_afresh() -> None:
+    """Epoch 1's first batches are made before the loop asks for them (no epoch-start stall), and they are the
+    batches epoch 1 gives; an epoch that is not the one made ahead (a resume part-way) starts a new pipeline."""
+    dataset = _Counted()
+    loader = _loader(dataset, timeout=5.0)
+    loader.sampler.set_epoch(0)
+    first = [batch.labels.tolist() for batch in loader]
+    made = dataset.loaded
+    deadline = time.monotonic() + 5
+    while dataset.loaded == made and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert dataset.loaded > made  # epoch 1 under way, unasked
+    loader.sampler.set_epoch(1)
+    second = [batch.labels.tolist() for batch in loader]
+    fresh = _loader(_Counted(), timeout=5.0)
+    fresh.sampler.set_epoch(1)
+    assert second == [batch.labels.tolist() for batch in fresh] and len(first) == len(second) == 8
+    loader.sampler.set_epoch(2, start=4)
+    assert [batch.labels.tolist() for batch in loader] == [[4, 5], [6, 7], [8, 9], [10, 11], [12, 13], [14, 15]]
+    loader.close()

@@ -17,6 +17,7 @@ class LoaderEngine(Choice):
 
     dataloader = "dataloader"
     threads = "threads"
+    tune = "tune"  # with data.num_workers=tune: its probe measures both engines and keeps the cheaper one ahead
 
 
 class StartMethod(Choice):
@@ -40,7 +41,8 @@ class DataConfig:
 
     batch_size: int = checked(64, at_least(1, note="images per process"))  # global: x world_size
     # dataloader: num_workers worker processes; threads: num_workers loader threads in the training process (no
-    # process start, pickling or /dev/shm; Python-level per-sample work shares the GIL). Training split only
+    # process start, pickling or /dev/shm; Python-level per-sample work shares the GIL); tune: chosen by
+    # data.num_workers=tune's probe. Training split only
     engine: LoaderEngine = LoaderEngine.dataloader
     num_workers: Any = checked(AUTO, _workers)  # auto: CPUs of this process / local world size, minus one
     # num_workers=tune: before training, probe the model alone and the loader at a few worker counts in

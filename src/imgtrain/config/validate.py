@@ -21,6 +21,7 @@ from imgtrain.common.errors import ConfigError
 from imgtrain.config.checkpoint import BestOf
 from imgtrain.config.data import LoaderEngine
 from imgtrain.config.datasets import CustomConfig, Decode
+from imgtrain.config.fields import TUNE
 from imgtrain.config.renamed_keys import RECIPE_MOVES, moved_key_line
 from imgtrain.config.schema import Config
 
@@ -77,21 +78,23 @@ def _check_across_fields(settings: Config) -> None:
 
 
 def _engine_conflict(settings: Config) -> str | None:
-    """data.engine=threads where the training batches take another path: one line, before any work."""
-    if settings.data.engine != LoaderEngine.threads:
+    """data.engine=threads (or tune) where the training batches take another path: one line, before any work."""
+    engine = settings.data.engine
+    if engine == LoaderEngine.tune and settings.data.num_workers != TUNE:
+        return (
+            f"data.engine=tune is chosen by data.num_workers=tune's probe, and data.num_workers is "
+            f"{settings.data.num_workers}: set data.num_workers=tune, or name the engine (dataloader or threads)"
+        )
+    if engine == LoaderEngine.dataloader:
         return None
     other = "use data.engine=dataloader"
+    engine = f"data.engine={engine}"
     if settings.data.device_resident:
-        return (
-            "data.engine=threads has no loader to run: data.device_resident=true keeps the training set on the "
-            f"device; {other}"
-        )
+        return f"{engine} has no loader to run: data.device_resident=true keeps the training set on the device; {other}"
     if getattr(settings.dataset, "decode", Decode.cpu) == Decode.cuda:
-        return (
-            f"data.engine=threads is not available with dataset.decode=cuda (the GPU decodes in its own path); {other}"
-        )
+        return f"{engine} is not available with dataset.decode=cuda (the GPU decodes in its own path); {other}"
     if settings.dataset.name == "shards":
-        return f"data.engine=threads is not available with dataset=shards (LitData streams it itself); {other}"
+        return f"{engine} is not available with dataset=shards (LitData streams it itself); {other}"
     return None
 
 

@@ -145,9 +145,11 @@ def plan_loader(
     world_size: int = 1,
     local_world_size: int = 1,
     process_group: bool = False,
+    engine: LoaderEngine | None = None,
 ) -> LoaderPlan:
-    """Resolve `auto` values and drop options PyTorch would reject, noting each change in one line. `workers`: a
-    count decided elsewhere (the ranks' agreement, num_workers=tune) in place of data.num_workers.
+    """Resolve `auto` values and drop options PyTorch would reject, noting each change in one line. `workers` and
+    `engine`: decided elsewhere (the ranks' agreement, num_workers=tune) in place of data.num_workers, data.engine
+    (data.engine=tune plans the DataLoader until the probe chose).
     `process_group`: the run joined one (torchrun), so workers do not start by fork (see FORKSERVER)."""
     notes: list[str] = []
     if workers is None:
@@ -164,15 +166,11 @@ def plan_loader(
     if data.pin_memory and device_type != "cuda":
         kwargs["pin_memory"] = False
         notes.append(f"data.pin_memory=true has no effect on {device_type}: using false")
-    threads = train and workers > 0 and data.engine == LoaderEngine.threads
+    threads = train and workers > 0 and (engine or data.engine) == LoaderEngine.threads
     if threads:
         _thread_settings(data, kwargs, notes)
     elif workers > 0:
-        kwargs["prefetch_factor"] = data.prefetch_factor
-        kwargs["persistent_workers"] = data.persistent_workers
-        kwargs["multiprocessing_context"] = _start_method(data, process_group, notes)
-        if not data.in_order:  # only when off: torch < 2.6 has no such argument (validate refuses false there)
-            kwargs["in_order"] = False
+        _process_settings(data, kwargs, notes, process_group)
     else:
         ignored = _worker_only_settings(data)
         if ignored:
@@ -197,10 +195,21 @@ def plan_loader(
     )
 
 
+def _process_settings(data: DataConfig, kwargs: dict[str, Any], notes: list[str], process_group: bool) -> None:
+    """The worker processes' own arguments."""
+    kwargs["prefetch_factor"] = data.prefetch_factor
+    kwargs["persistent_workers"] = data.persistent_workers
+    kwargs["multiprocessing_context"] = _start_method(data, process_group, notes)
+    if not data.in_order:  # only when off: torch < 2.6 has no such argument (validate refuses false there)
+        kwargs["in_order"] = False
+
+
 def _thread_settings(data: DataConfig, kwargs: dict[str, Any], notes: list[str]) -> None:
     """data.engine=threads: the effective values of the knobs that were made for worker processes."""
     kwargs["prefetch_factor"] = THREAD_PREFETCH  # torchdata 0.11 keeps 2 x threads batches in flight, no other
-    kwargs["persistent_workers"] = False  # the threads are started at every epoch
+    # in order, one pipeline runs from epoch to epoch (the next epoch's batches made while this one ends); out of
+    # order, the threads start at every epoch (an epoch's end could overtake its batches)
+    kwargs["persistent_workers"] = data.in_order
     if not data.in_order:
         kwargs["in_order"] = False
     ignored = [f"data.prefetch_factor={data.prefetch_factor}"] if data.prefetch_factor not in (None, 2) else []

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from imgtrain.common.atomic import write_json
 from imgtrain.common.errors import ConfigError
-from imgtrain.config.data import DataConfig
+from imgtrain.config.data import DataConfig, LoaderEngine
 from imgtrain.config.datasets import AugmentPolicy, Decode
 from imgtrain.config.fields import TUNE
 from imgtrain.config.schema import Config, Mode
@@ -63,9 +63,9 @@ class RunData:
     def __post_init__(self) -> None:
         self.train_settings = _streamed(self.settings, self.info) if self.streamed else self.settings
 
-    def train_plan(self, workers: int | None = None) -> LoaderPlan:
-        """The training loader's plan; `workers` in place of data.num_workers."""
-        return plan_loader(self.train_settings, train=True, workers=workers, **self._placement())
+    def train_plan(self, workers: int | None = None, engine: LoaderEngine | None = None) -> LoaderPlan:
+        """The training loader's plan; `workers` and `engine` in place of data.num_workers and data.engine."""
+        return plan_loader(self.train_settings, train=True, workers=workers, engine=engine, **self._placement())
 
     def val_plan(self) -> LoaderPlan:
         return plan_loader(self.settings, train=False, **self._placement())
@@ -83,12 +83,13 @@ class RunData:
         return workers
 
     def build_train(self, workers: int, tuned: dict[str, Any] | None = None) -> None:
-        """data.num_workers=tune: build the training loader, once, with the count its probe chose (`tuned`, recorded
-        with the loader arguments) or, when the probe failed, with the count planned before it. dataset=shards:
-        rank 0's count on every rank (LitData needs one)."""
+        """data.num_workers=tune: build the training loader, once, with the count (and, with data.engine=tune, the
+        engine) its probe chose (`tuned`, recorded with the loader arguments) or, when the probe failed, with the
+        count planned before it. dataset=shards: rank 0's count on every rank (LitData needs one)."""
         if self.streamed:
             workers = dist.broadcast_plain(workers, self.info)
-        plan = self.train_plan(workers)
+        engine = LoaderEngine(tuned["engine"]) if tuned and tuned.get("engine") else None
+        plan = self.train_plan(workers, engine)
         shard = {"rank": self.info.rank, "world_size": self.info.world_size}
         self.train = build_loader(self.bundle.train, plan, train=True, seed=self.seed, replan=self.train_plan, **shard)
         check_batches(self.train, self.bundle.train, plan.kwargs["batch_size"], self.info.world_size)
@@ -256,6 +257,8 @@ def _open_dataset(settings: Config, info: dist.DistInfo) -> DatasetBundle:
     """The dataset the config names, generated or opened once (rank 0 first), said in one line."""
     if settings.dataset.extra is not None:  # e.g. dataset=shards: LitData and boto3, one line if either is missing
         optional.require_extra(settings.dataset.extra, f"dataset={settings.dataset.name}")
+    if settings.data.engine == LoaderEngine.threads:  # torchdata, before the dataset is generated or scanned
+        optional.require_extra("threads", "data.engine=threads")
     with dist.main_process_first(info):  # rank 0 generates `shapes` once; the others then reuse its files
         bundle = instantiate(settings.dataset, _convert_="all")
     log.info(

@@ -8,16 +8,22 @@ timings travel with each batch, and DDP sharding and a mid-epoch resume stay the
 process start, no pickling and no /dev/shm, and share the process's memory; they share its GIL too, so Python-level
 per-sample work does not scale with them (the verdict says so).
 
-torchdata.nodes is an optional engine (`pip install -e '.[threads]'`), imported when a run chooses threads. Per
-epoch: IterableWrapper over the epoch's batches of (index, seed) -> ParallelMapper(method="thread", in order unless
-data.in_order=false, at most 2 x threads batches in flight: the DataLoader's prefetch_factor 2) -> PinMemory on
-CUDA. A pump thread hands each batch over through a queue, so that data.timeout can end the wait: torchdata has no
-timeout, and a thread stuck in a read cannot be stopped. Every thread is a daemon, so a stuck one is abandoned,
-named in the one line, and the process still exits.
+torchdata.nodes is an optional engine (`pip install -e '.[threads]'`), imported when a run chooses threads. One
+graph from epoch to epoch: IterableWrapper over the batches of (index, seed) of this epoch, then of the next ones
+(`_epochs`, an end-of-epoch marker between them) -> ParallelMapper(method="thread", in order, at most 2 x threads
+batches in flight: the DataLoader's prefetch_factor 2) -> PinMemory on CUDA. So the next epoch's first batches are
+made while this one ends and validation runs: torchdata rebuilds its threads at every `iter()` (0.12-0.26 s of
+epoch-start stall on the 2-core machine, docs/engine-evaluation/threads.md). An epoch that is not the one made
+ahead (a resume part-way, a new sampler state) starts a new graph, and so does every epoch with
+data.in_order=false, where a marker could overtake its epoch's batches. A pump thread hands each batch over
+through a queue, so that data.timeout can end the wait: torchdata has no timeout, and a thread stuck in a read
+cannot be stopped. Every thread is a daemon, so a stuck one is abandoned, named in the one line, and the process
+still exits.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import queue
 import threading
@@ -34,7 +40,8 @@ from imgtrain.host import optional
 
 log = logging.getLogger(__name__)
 NEEDED_BY = "data.engine=threads"
-_END = object()  # the pump's last item: the epoch is over
+_END = object()  # the pump's last item: the source is exhausted
+_EPOCH_END = object()  # between one epoch's batches and the next's
 
 
 # Handles that loader threads must not share, by the module of their type: a sqlite3 connection refuses other
@@ -71,7 +78,8 @@ class ThreadLoader:
         self.num_workers, self.in_order, self.pin_memory, self.timeout = threads, in_order, pin_memory, timeout
         self._busy: dict[int, list[Any]] = {}  # each loader thread's batch in the making: what a timeout names
         self._local = threading.local()
-        self._stop = threading.Event()  # the running epoch's: set when the training thread leaves it
+        # the pump's stop flag and queue, and the (epoch, start) it is making next; None: no pump
+        self._running: tuple[threading.Event, queue.Queue, tuple[int, int]] | None = None
         shared = shared_handles(samples.dataset)
         if shared:  # opened once in __init__, then used by every loader thread
             log.warning(
@@ -84,8 +92,10 @@ class ThreadLoader:
     def __len__(self) -> int:
         return len(BatchSampler(self.sampler, self.batch_size, self.drop_last))
 
-    def _make_batch(self, items: list[Any]) -> Batch:
-        """One batch, in a loader thread, as a DataLoader worker makes it."""
+    def _make_batch(self, items: Any) -> Any:
+        """One batch, in a loader thread, as a DataLoader worker makes it (an epoch's end passes through)."""
+        if items is _EPOCH_END:
+            return items
         if not getattr(self._local, "ready", False):
             torch.set_num_threads(1)  # per thread (OpenMP's setting): N threads, N cores, as N worker processes
             self._local.ready = True
@@ -99,28 +109,56 @@ class ThreadLoader:
             return batch
         return batch._replace(times=batch.times._replace(cpu=time.thread_time() - started))
 
-    def _graph(self) -> Any:
-        """This epoch's torchdata graph (the sampler's epoch and start as RunData.start_epoch set them)."""
+    def _epochs(self, epoch: int, start: int) -> Iterator[Any]:
+        """The batches of (index, seed) of epoch `epoch` from sample `start`, then of every later epoch from its
+        start, each epoch followed by _EPOCH_END (in order, so the next epoch is made while this one ends). Its
+        own copy of the sampler: the training thread's is set for the epoch it reads, not the one made ahead."""
+        sampler = copy.copy(self.sampler)
+        while True:
+            sampler.set_epoch(epoch, start)
+            yield from BatchSampler(sampler, self.batch_size, self.drop_last)
+            yield _EPOCH_END
+            epoch, start = epoch + 1, 0
+
+    def _graph(self, epoch: int, start: int) -> Any:
+        """torchdata's graph from (epoch, start) on: the batches in order, each made by one of the threads."""
         nodes = self.nodes
-        batches = nodes.IterableWrapper(BatchSampler(self.sampler, self.batch_size, self.drop_last))
+        source = self._epochs(epoch, start) if self.in_order else self._one_epoch()
         node = nodes.ParallelMapper(
-            batches, self._make_batch, num_workers=self.num_workers, in_order=self.in_order, method="thread"
-        )
+            nodes.IterableWrapper(source), self._make_batch, num_workers=self.num_workers, in_order=self.in_order,
+            method="thread",
+        )  # fmt: skip
         return nodes.PinMemory(node) if self.pin_memory else node
 
+    def _one_epoch(self) -> Iterator[Any]:
+        """data.in_order=false: one epoch's batches (out of order, an epoch's end could overtake them)."""
+        yield from BatchSampler(self.sampler, self.batch_size, self.drop_last)
+        yield _EPOCH_END
+
     def __iter__(self) -> Iterator[Batch]:
-        self.close()  # the last epoch's threads, if it was left part-way (a resumed or stopped epoch)
-        stop, handed = threading.Event(), queue.Queue(maxsize=1)
-        self._stop = stop
-        pump = threading.Thread(target=_pump, args=(self._graph(), handed, stop), name="imgtrain-pump", daemon=True)
-        pump.start()
-        while True:
-            item = self._next(handed)
-            if item is _END:
-                return
-            if isinstance(item, _Failed):
-                raise item.error
-            yield item
+        epoch = (self.sampler.epoch, self.sampler.start)
+        if self._running is None or self._running[2] != epoch:  # not the epoch made ahead: a resume, a new loader
+            self.close()
+            stop, handed = threading.Event(), queue.Queue(maxsize=1)
+            pump = threading.Thread(target=_pump, args=(self._graph(*epoch), handed, stop), daemon=True)
+            pump.start()
+            self._running = (stop, handed, epoch)
+        stop, handed, _ = self._running
+        finished = False
+        try:
+            while True:
+                item = self._next(handed)
+                if item is _EPOCH_END or item is _END:
+                    finished = True
+                    next_epoch = (epoch[0] + 1, 0)
+                    self._running = (stop, handed, next_epoch) if self.in_order else None
+                    return
+                if isinstance(item, _Failed):
+                    raise item.error
+                yield item
+        finally:  # an epoch left part-way (a probe, a stop, an error): its threads end
+            if not finished or not self.in_order:
+                self.close()
 
     def _next(self, handed: queue.Queue) -> Any:
         try:
@@ -143,9 +181,11 @@ class ThreadLoader:
         return f"samples {indices[:8]}"
 
     def close(self) -> None:
-        """Leave the running epoch: its pump stops and drops the graph, whose threads then end (torchdata stops
-        them when its iterator is collected; a thread stuck in a read is left behind: they are daemons)."""
-        self._stop.set()
+        """Stop making batches: the pump stops and drops the graph, whose threads then end (torchdata stops them
+        when its iterator is collected; a thread stuck in a read is left behind: they are daemons)."""
+        running, self._running = self._running, None
+        if running is not None:
+            running[0].set()
 
 
 def _pump(graph: Any, handed: queue.Queue, stop: threading.Event) -> None:

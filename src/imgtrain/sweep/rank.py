@@ -182,11 +182,10 @@ def cheapest(rows: list[dict[str, Any]], noise: float = MEMORY_NOISE) -> dict[st
     `noise` above the lowest rules a setting out: that is where loader threads are cheaper than worker processes,
     when they are, whichever engine the rest of the order would favour. Among the rest: pin_memory=false (no
     page-locked buffers), then the fewest workers (loader threads and worker processes counted alike), then the
-    fewest prefetched batches, then no persistent workers (not applicable to threads, which start at every epoch
-    whatever the run records), then loader threads over worker processes (no processes to start, no /dev/shm),
-    all as the run used them; then the same as written (of settings that ran alike, data.pin_memory=false over a
-    true that a CPU ignored), then the lowest PSS. Settings that ran alike share their lowest peak: between them
-    it is noise."""
+    fewest prefetched batches, then no persistent workers (not applicable to threads: no processes are kept),
+    then loader threads over worker processes (no processes to start, no /dev/shm), all as the run used them;
+    then the same as written (of settings that ran alike, data.pin_memory=false over a true that a CPU ignored),
+    then the lowest PSS. Settings that ran alike share their lowest peak: between them it is noise."""
     peaks = {id(row): _alike_peak(row, rows) for row in rows}
     known = [peak for peak in peaks.values() if peak]
     ceiling = min(known) * (1 + noise) if known else math.inf
@@ -211,7 +210,7 @@ def _cost(pin: Any, workers: Any, prefetch: Any, persistent: Any, engine: Any) -
     workers = math.inf if workers is None else workers  # not known: the dearest
     prefetched = workers * (prefetch or 0) if workers else 0  # batches in flight
     threads = engine == THREADS
-    # a threads run records persistent_workers=false (its threads start at every epoch): not a cost either way
+    # loader threads' pipeline lasting across epochs costs no processes: not a cost either way
     lasting = int(bool(persistent) and workers > 0 and not threads)
     return int(bool(pin)), workers, prefetched, lasting, int(not threads)
 

@@ -14,16 +14,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from imgtrain.config.data import LoaderEngine
 from imgtrain.config.schema import Config
 from imgtrain.data.failures import stop_workers
 from imgtrain.data.feed import Feed
 from imgtrain.data.loader import LoaderPlan
 from imgtrain.data.pipeline import build_loader, check_batches
-from imgtrain.host import dist
+from imgtrain.host import dist, optional
 from imgtrain.host.cpus import CpuBudget, available_cpus, cpu_budget
 from imgtrain.metrics.report import INPUT_BOUND_WAIT
 from imgtrain.metrics.spread import MIN_WINDOWS, Rate, indistinguishable
@@ -66,6 +67,34 @@ def loader_rate(dataset: Any, plan: LoaderPlan, feed: Feed, seconds: float, info
     return sum(n for _, n in arrivals) / max(arrivals[-1][0], 1e-9) if arrivals else 0.0
 
 
+class Candidate(NamedTuple):
+    """A loader setting the probe measures. Ordered by cost: fewer workers first, then loader threads before worker
+    processes at the same count (no processes to start, no /dev/shm: the sweep report's tie order)."""
+
+    workers: int
+    processes: bool = True  # data.engine=dataloader (or no workers); False: data.engine=threads
+
+    @property
+    def engine(self) -> LoaderEngine:
+        return LoaderEngine.dataloader if self.processes else LoaderEngine.threads
+
+    def label(self, engines: bool) -> str:
+        return f"num_workers={self.workers}" + (f" engine={self.engine}" if engines and self.workers else "")
+
+
+def candidates_of(counts: list[int], engine: LoaderEngine) -> list[Candidate]:
+    """The settings to probe: each count on the run's engine; with data.engine=tune, each count of workers on
+    both engines (threads only where torchdata is installed: otherwise said once, and processes alone)."""
+    if engine != LoaderEngine.tune:
+        return [Candidate(workers, engine != LoaderEngine.threads or workers == 0) for workers in counts]
+    if optional.missing("torchdata"):
+        log.warning(
+            "data.engine=tune: torchdata is not installed (pip install -e '.[threads]'): probing processes only"
+        )
+        return [Candidate(workers) for workers in counts]
+    return sorted({Candidate(workers, processes) for workers in counts for processes in (True, workers == 0)})
+
+
 def worker_counts(cpus: int) -> list[int]:
     """0, 1, 2, 4, 8, ... up to `cpus` (and `cpus` - 1, auto's count): the counts worth probing."""
     counts = {0, cpus, max(0, cpus - 1)}
@@ -76,7 +105,7 @@ def worker_counts(cpus: int) -> list[int]:
     return sorted(counts)
 
 
-def choose(candidates: dict[int, Rate], compute: Rate) -> tuple[int, str, bool]:
+def choose(candidates: dict[Any, Rate], compute: Rate) -> tuple[Any, str, bool]:
     """The fewest workers whose loader's median is at least AHEAD x the model's; else the fastest loader, or
     the fewest workers tied with it within noise. Returns the count, why (with each figure's spread and the
     margin), and whether the choice is separated: its figures' intervals do not reach across the line it
@@ -96,16 +125,23 @@ def choose(candidates: dict[int, Rate], compute: Rate) -> tuple[int, str, bool]:
             margin += f"; the next fewer count's high end {max(fewer) / line_low - 1:+.0%} from its low end"
         why = f"the fewest workers whose loader stays ahead of {line} ({margin})"
         return chosen, why, separated
-    leader = max(candidates, key=lambda workers: (candidates[workers].median, -workers))
+    leader = max(candidates, key=lambda key: (candidates[key].median, -_cost(key)))
     tied = [w for w, rate in candidates.items() if w == leader or indistinguishable(rate, candidates[leader])]
     chosen = min(tied)
     separated = len(tied) == 1 and candidates[leader].interval is not None
-    ties = f"; tied within noise with {sorted(set(tied) - {chosen})}" if len(tied) > 1 else ""
+    others = sorted(set(tied) - {chosen})
+    shown = [key.label(engines=True) for key in others] if others and isinstance(chosen, Candidate) else others
+    ties = f"; tied within noise with {shown}" if len(tied) > 1 else ""
     why = (
         f"no count kept the loader ahead of {line}: the fastest loader, or the fewest workers tied with it"
         f"{ties}; the run will be input-bound"
     )
     return chosen, why, separated
+
+
+def _cost(key: Any) -> float:
+    """A candidate's place in the cost order, as one number (ints: worker counts alone)."""
+    return key.workers + 0.5 * key.processes if isinstance(key, Candidate) else key
 
 
 def _bounds(rate: Rate) -> tuple[float, float]:
@@ -142,22 +178,25 @@ def tune_workers(
     counts, cpus = worker_candidates(info.local_world_size)
     share = counts[-1]  # this process's share of the CPUs: the largest count probed
     budget = settings.data.tune_budget_s
-    seconds = max(MIN_PROBE_S, budget / (MIN_WINDOWS * (len(counts) + 1)) * (1 - STARTUP_SHARE))
+    probes = len(candidates_of(counts, settings.data.engine))
+    seconds = max(MIN_PROBE_S, budget / (MIN_WINDOWS * (probes + 1)) * (1 - STARTUP_SHARE))
     log.info(
         "data.num_workers=tune: probing the model alone and %s workers, %.1f s each per round (%d CPUs, set by %s)",
         *(counts, seconds, cpus.usable, cpus.limited_by),
     )
-    samples: dict[int, list[float]] = {workers: [] for workers in counts}
+    samples: dict[Candidate, list[float]] = {key: [] for key in candidates_of(counts, settings.data.engine)}
     compute: list[float] = []
     started, rounds = time.perf_counter(), 0
     while True:
         round_started = time.perf_counter()
         compute.append(model_rate(seconds).median)
-        for workers in counts:
-            rate = loader_rate(dataset, plan(workers), feed, seconds, info, settings.train.seed + rounds)
-            samples[workers].append(rate)
+        for key in samples:
+            rate = loader_rate(
+                dataset, plan(key.workers, key.engine), feed, seconds, info, settings.train.seed + rounds
+            )
+            samples[key].append(rate)
         rounds += 1
-        candidates = {workers: Rate.of(rates) for workers, rates in samples.items()}
+        candidates = {key: Rate.of(rates) for key, rates in samples.items()}
         chosen, reason, separated = choose(candidates, Rate.of(compute))
         spent, last_round = time.perf_counter() - started, time.perf_counter() - round_started
         if (separated and rounds >= MIN_WINDOWS) or spent + last_round > budget:
@@ -166,18 +205,23 @@ def tune_workers(
 
 
 def _tuned(
-    candidates: dict[int, Rate], compute: Rate, choice: tuple[int, str, bool], rounds: int, cpus: int
+    candidates: dict[Candidate, Rate], compute: Rate, choice: tuple[Candidate, str, bool], rounds: int, cpus: int
 ) -> dict[str, Any]:
     """Log each candidate's rate with its spread and the choice with its margin; the record for metrics.json."""
     chosen, reason, separated = choice
+    engines = len({key.processes for key in candidates if key.workers}) > 1  # data.engine=tune probed both
     log.info("data.num_workers=tune, %d round(s): the model alone %s", rounds, compute.text(of="rounds"))
-    for workers, rate in candidates.items():
+    for key, rate in candidates.items():
         ahead = "  (ahead)" if rate.median >= AHEAD * compute.median else ""
-        log.info("  num_workers=%-3d %s%s", workers, rate.text(of="rounds"), ahead)
+        log.info("  %-30s %s%s", key.label(engines), rate.text(of="rounds"), ahead)
     how_sure = "separated" if separated else f"not separated within data.tune_budget_s ({rounds} rounds)"
-    log.info("data.num_workers=tune -> %d: %s; %s", chosen, reason, how_sure)
-    table = [{"num_workers": workers, **rate.fields("images_per_sec")} for workers, rate in candidates.items()]
-    record = {"table": table, **compute.fields("compute_images_per_sec"), "chosen": chosen, "reason": reason}
+    log.info("data.num_workers=tune -> %s: %s; %s", chosen.label(engines), reason, how_sure)
+    table = [
+        {"num_workers": key.workers, "engine": str(key.engine), **rate.fields("images_per_sec")}
+        for key, rate in candidates.items()
+    ]
+    record = {"table": table, **compute.fields("compute_images_per_sec"), "chosen": chosen.workers}
+    record |= {"engine": str(chosen.engine), "reason": reason}
     return record | {"separated": separated, "rounds": rounds, "cpus": cpus}
 
 
