@@ -256,12 +256,14 @@ def test_sigterm_to_torchrun_then_resume_matches_an_uninterrupted_two_process_ru
 
 
 @pytest.mark.slow  # two torchrun jobs
+@pytest.mark.parametrize("engine", ["dataloader", "threads"])
 def test_ctrl_c_under_torchrun_stops_every_rank_at_the_same_step_and_the_same_command_resumes(
-    tmp_path: Path, data_dir: Path
+    tmp_path: Path, data_dir: Path, engine: str
 ) -> None:
-    """Ctrl-C reaches the agent, both ranks and their workers; the agent forwards it to the ranks again at once,
-    which must not count as a second Ctrl-C. Both ranks save the same step; the same command continues from it."""
-    args = [*DDP, "train.epochs=3", "checkpoint.every_n_steps=2", "data.num_workers=1"]
+    """Ctrl-C reaches the agent, both ranks and their workers (or loader threads); the agent forwards it to the ranks
+    again at once, which must not count as a second Ctrl-C. Both ranks save the same step; the same command
+    continues from it."""
+    args = [*DDP, "train.epochs=3", "checkpoint.every_n_steps=2", "data.num_workers=1", f"data.engine={engine}"]
     run_dir = tmp_path / "run"
     proc = start_torchrun([*args, f"hydra.run.dir={run_dir}"], tmp_path, data_dir, session=True)
     _wait_for(run_dir / "checkpoints" / "last.pt", proc, timeout=180)

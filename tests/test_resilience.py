@@ -219,8 +219,9 @@ def _image_folder(root: Path, per_class: int = 12) -> list[Path]:
     return files
 
 
+@pytest.mark.parametrize("engine", ["dataloader", "threads"])  # worker processes, loader threads: the same guard
 @pytest.mark.parametrize("budget", [pytest.param(10, marks=pytest.mark.slow), 1])  # 10: a whole run (6 s)
-def test_unreadable_images_are_skipped_counted_and_budgeted(budget: int, tmp_path: Path, caplog) -> None:
+def test_unreadable_images_are_skipped_counted_and_budgeted(budget: int, engine: str, tmp_path: Path, caplog) -> None:
     files = _image_folder(tmp_path / "images")
     truncated, garbage = files[5], files[20]
     truncated.write_bytes(truncated.read_bytes()[:60])
@@ -235,6 +236,7 @@ def test_unreadable_images_are_skipped_counted_and_budgeted(budget: int, tmp_pat
         "metrics.log_every_n_steps=2",
         "metrics.skip_first_steps=0",
         f"data.max_bad_samples={budget}",
+        f"data.engine={engine}",
     ]
     run_dir = tmp_path / "run"
     if budget == 10:

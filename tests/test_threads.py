@@ -96,22 +96,25 @@ class _Stuck(torch.utils.data.Dataset):
 
 def _loader(dataset, timeout: float) -> ThreadLoader:
     sampler = EpochSampler(len(dataset), num_replicas=1, rank=0, shuffle=False, seed=0, drop_last=True)
-    return ThreadLoader(GuardedSamples(dataset), sampler, batch_size=2, drop_last=True, threads=2, timeout=timeout)
+    samples = GuardedSamples(dataset, seeded_loads=False)  # as build_loader makes them for threads
+    return ThreadLoader(samples, sampler, batch_size=2, drop_last=True, threads=2, timeout=timeout)
 
 
 def test_a_stuck_read_ends_the_wait_after_data_timeout_naming_its_files() -> None:
     stuck = threading.Event()
     loader = _loader(_Stuck(stuck), timeout=1.0)
     started = time.monotonic()
-    with pytest.raises(LoaderFailed) as failed:
-        list(loader)
-    assert time.monotonic() - started < 10
-    line = str(failed.value)
-    assert line.startswith("data.timeout=1: no batch from the 2 loader thread(s) in 1 s; stuck in: /mnt/gone/4.jpg")
-    assert "\n" not in line and "it is left behind" in line
-    loader.close()
-    assert all(t.daemon for t in threading.enumerate() if t is not threading.main_thread())  # the process can exit
-    stuck.set()
+    try:
+        with pytest.raises(LoaderFailed) as failed:
+            list(loader)
+        assert time.monotonic() - started < 10
+        line = str(failed.value)
+        assert line.startswith("data.timeout=1: no batch from the 2 loader thread(s) in 1 s; stuck in: /mnt/gone/4.jpg")
+        assert "\n" not in line and "it is left behind" in line
+        loader.close()
+        assert all(t.daemon for t in threading.enumerate() if t is not threading.main_thread())  # the process can exit
+    finally:
+        stuck.set()  # the stuck read returns, so no thread outlives the test
 
 
 def test_an_error_in_a_loader_thread_reaches_the_loop_with_its_type() -> None:

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 NEEDED_BY = "data.engine=threads"
 _END = object()  # the pump's last item: the source is exhausted
 _EPOCH_END = object()  # between one epoch's batches and the next's
+JOIN_S = 10  # seconds `close` waits for the threads to finish the batch in hand (one batch takes far less)
 
 
 # Handles that loader threads must not share, by the module of their type: a sqlite3 connection refuses other
@@ -79,7 +80,8 @@ class ThreadLoader:
         self._busy: dict[int, list[Any]] = {}  # each loader thread's batch in the making: what a timeout names
         self._local = threading.local()
         # the pump's stop flag and queue, and the (epoch, start) it is making next; None: no pump
-        self._running: tuple[threading.Event, queue.Queue, tuple[int, int]] | None = None
+        self._running: _Pump | None = None
+        self._stuck = False  # a wait ran past data.timeout: its threads are left behind, not waited for
         shared = shared_handles(samples.dataset)
         if shared:  # opened once in __init__, then used by every loader thread
             log.warning(
@@ -137,26 +139,22 @@ class ThreadLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         epoch = (self.sampler.epoch, self.sampler.start)
-        if self._running is None or self._running[2] != epoch:  # not the epoch made ahead: a resume, a new loader
+        if self._running is None or self._running.epoch != epoch:  # not the epoch made ahead: a resume, a new loader
             self.close()
-            stop, handed = threading.Event(), queue.Queue(maxsize=1)
-            pump = threading.Thread(target=_pump, args=(self._graph(*epoch), handed, stop), daemon=True)
-            pump.start()
-            self._running = (stop, handed, epoch)
-        stop, handed, _ = self._running
+            self._running = _Pump(self._graph(*epoch), epoch)
+        running = self._running
         finished = False
         try:
             while True:
-                item = self._next(handed)
+                item = self._next(running.handed)
                 if item is _EPOCH_END or item is _END:
                     finished = True
-                    next_epoch = (epoch[0] + 1, 0)
-                    self._running = (stop, handed, next_epoch) if self.in_order else None
+                    running.epoch = (epoch[0] + 1, 0)  # what the pipeline makes next
                     return
                 if isinstance(item, _Failed):
                     raise item.error
                 yield item
-        finally:  # an epoch left part-way (a probe, a stop, an error): its threads end
+        finally:  # an epoch left part-way (a probe, a stop, an error), or out of order: its threads end
             if not finished or not self.in_order:
                 self.close()
 
@@ -164,6 +162,7 @@ class ThreadLoader:
         try:
             return handed.get(timeout=self.timeout or None)
         except queue.Empty:
+            self._stuck = True
             stuck = [items for items in self._busy.values() if items]
             where = f"; stuck in: {self._describe(stuck[0])}" if stuck else ""
             raise LoaderFailed(
@@ -181,11 +180,39 @@ class ThreadLoader:
         return f"samples {indices[:8]}"
 
     def close(self) -> None:
-        """Stop making batches: the pump stops and drops the graph, whose threads then end (torchdata stops them
-        when its iterator is collected; a thread stuck in a read is left behind: they are daemons)."""
+        """Stop making batches, and wait (at most JOIN_S) for the threads to finish the batch in hand: a thread
+        left inside torch's or a decoder's code when the interpreter exits aborts the process. One stuck in a read
+        is left behind (they are daemons), and said; after data.timeout has named it, it is not waited for."""
         running, self._running = self._running, None
-        if running is not None:
-            running[0].set()
+        if running is None:
+            return
+        if self._stuck:
+            running.stop.set()
+            return
+        deadline = time.monotonic() + JOIN_S
+        running.stop_and_join(JOIN_S)
+        while self._busy and time.monotonic() < deadline:  # torchdata's threads finishing the batch in hand
+            time.sleep(0.01)
+        if self._busy:
+            stuck = self._describe(next(iter(self._busy.values())))
+            log.warning("data.engine=threads: a loader thread is still in %s after %d s: left behind", stuck, JOIN_S)
+
+
+class _Pump:
+    """The thread that iterates a graph and hands each batch over (`handed`): the graph is its alone, so when it
+    returns the graph goes, and torchdata stops and joins the graph's threads (ParallelMapper's iterator does so
+    when it is collected)."""
+
+    def __init__(self, graph: Any, epoch: tuple[int, int]) -> None:
+        self.epoch = epoch  # the (epoch, start) whose batches come next
+        self.stop, self.handed = threading.Event(), queue.Queue(maxsize=1)
+        self.thread = threading.Thread(target=_pump, args=(graph, self.handed, self.stop), daemon=True)
+        self.thread.start()
+
+    def stop_and_join(self, seconds: float) -> None:
+        """Stop it, and wait up to `seconds` for it to end (its graph's threads told to stop as it ends)."""
+        self.stop.set()
+        self.thread.join(timeout=seconds)
 
 
 def _pump(graph: Any, handed: queue.Queue, stop: threading.Event) -> None:
