@@ -4,8 +4,6 @@ its order, switch with it mid-epoch, and end every way a loader can fail in one 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sqlite3
 import sys
 import threading
@@ -15,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import RESUMABLE, compose_cfg, read_metrics
+from shardhelpers import stop_after_step_5
 
 from imgtrain.common.errors import ConfigError
 from imgtrain.config.data import DataConfig, LoaderEngine
@@ -29,8 +28,6 @@ from imgtrain.data.threads import ThreadLoader, shared_handles
 from imgtrain.host import optional
 from imgtrain.metrics import console, report
 from imgtrain.metrics.spread import Rate
-from imgtrain.resilience.checkpoint import Checkpointer
-from imgtrain.resilience.faults import Preempted
 from imgtrain.train import tune
 from imgtrain.train.run import run
 
@@ -149,17 +146,7 @@ def test_a_run_stopped_on_threads_resumes_on_processes_exactly(tmp_path: Path, m
     """SIGTERM during step 5 of a threads run: saved mid-epoch; the same run continued with worker processes ends
     with the weights of one uninterrupted run on processes."""
     run(compose_cfg(*RESUMABLE, output_dir=str(tmp_path / "straight")))
-    real_step = Checkpointer.step
-
-    def signal_after_step_5(self: Checkpointer) -> None:
-        if self.progress.step == 5:
-            os.kill(os.getpid(), signal.SIGTERM)
-        real_step(self)
-
-    monkeypatch.setattr(Checkpointer, "step", signal_after_step_5)
-    with pytest.raises(Preempted):
-        run(compose_cfg(*RESUMABLE, "data.engine=threads", "data.num_workers=2", output_dir=str(tmp_path / "part")))
-    monkeypatch.undo()
+    stop_after_step_5(monkeypatch, [*RESUMABLE, "data.engine=threads", "data.num_workers=2"], tmp_path / "part")
     run(compose_cfg(*RESUMABLE, output_dir=str(tmp_path / "part")))
     assert read_metrics(tmp_path / "part")["steps"] == 16
     straight = torch.load(tmp_path / "straight" / "checkpoints" / "last.pt", weights_only=True)["model"]
