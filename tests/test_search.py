@@ -8,7 +8,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import optuna
 import pytest
 import yaml
 from hydra.core.utils import JobReturn, JobStatus
@@ -20,6 +19,8 @@ from hydra_plugins.imgtrain_optuna.space import search_space
 from imgtrain.common.errors import ConfigError, RunEnded
 from imgtrain.train.run import NotMeasured
 
+# the search extra: absent on the GPU box, whose `make test-gpu` collects every module
+optuna = pytest.importorskip("optuna", reason="hparams_search needs the search extra: pip install -e '.[search]'")
 dist = optuna.distributions
 
 
