@@ -40,9 +40,9 @@ def _pick(u: float, count: int) -> int:
     return min(int(u * count), count - 1)
 
 
-def _magnitude(step: Any, name: str, bins: int, index: int | None, u_sign: float, image: torch.Tensor) -> float:
-    """Operation `name`'s magnitude at bin `index` (None: a uniform-drawn bin is already in `index`), negated on
-    the sign draw when the operation is signed; 0 for an operation without magnitudes."""
+def _magnitude(step: Any, name: str, bins: int, index: int, u_sign: float, image: torch.Tensor) -> float:
+    """Operation `name`'s magnitude at bin `index` of `bins`, negated on the sign draw when the operation is
+    signed; 0 for an operation without magnitudes."""
     magnitudes_fn, signed = step._AUGMENTATION_SPACE[name]
     magnitudes = magnitudes_fn(bins, image.shape[-2], image.shape[-1])
     if magnitudes is None:

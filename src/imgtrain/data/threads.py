@@ -79,7 +79,7 @@ class ThreadLoader:
         self.num_workers, self.in_order, self.pin_memory, self.timeout = threads, in_order, pin_memory, timeout
         self._busy: dict[int, list[Any]] = {}  # each loader thread's batch in the making: what a timeout names
         self._local = threading.local()
-        # the pump's stop flag and queue, and the (epoch, start) it is making next; None: no pump
+        # the thread handing over the batches, and the (epoch, start) it makes next; None: none running
         self._running: _Pump | None = None
         self._stuck = False  # a wait ran past data.timeout: its threads are left behind, not waited for
         shared = shared_handles(samples.dataset)
@@ -112,30 +112,27 @@ class ThreadLoader:
         return batch._replace(times=batch.times._replace(cpu=time.thread_time() - started))
 
     def _epochs(self, epoch: int, start: int) -> Iterator[Any]:
-        """The batches of (index, seed) of epoch `epoch` from sample `start`, then of every later epoch from its
-        start, each epoch followed by _EPOCH_END (in order, so the next epoch is made while this one ends). Its
-        own copy of the sampler: the training thread's is set for the epoch it reads, not the one made ahead."""
+        """The batches of (index, seed) of epoch `epoch` from sample `start`, each epoch followed by _EPOCH_END;
+        in order, then those of every later epoch from its start (so the next epoch is made while this one ends);
+        out of order (data.in_order=false) that epoch alone, since its end could overtake its batches. Its own copy
+        of the sampler: the training thread's is set for the epoch it reads, not the one made ahead."""
         sampler = copy.copy(self.sampler)
         while True:
             sampler.set_epoch(epoch, start)
             yield from BatchSampler(sampler, self.batch_size, self.drop_last)
             yield _EPOCH_END
+            if not self.in_order:
+                return
             epoch, start = epoch + 1, 0
 
     def _graph(self, epoch: int, start: int) -> Any:
-        """torchdata's graph from (epoch, start) on: the batches in order, each made by one of the threads."""
+        """torchdata's graph from (epoch, start) on: the batches, each made by one of the threads."""
         nodes = self.nodes
-        source = self._epochs(epoch, start) if self.in_order else self._one_epoch()
         node = nodes.ParallelMapper(
-            nodes.IterableWrapper(source), self._make_batch, num_workers=self.num_workers, in_order=self.in_order,
-            method="thread",
+            nodes.IterableWrapper(self._epochs(epoch, start)), self._make_batch, num_workers=self.num_workers,
+            in_order=self.in_order, method="thread",
         )  # fmt: skip
         return nodes.PinMemory(node) if self.pin_memory else node
-
-    def _one_epoch(self) -> Iterator[Any]:
-        """data.in_order=false: one epoch's batches (out of order, an epoch's end could overtake them)."""
-        yield from BatchSampler(self.sampler, self.batch_size, self.drop_last)
-        yield _EPOCH_END
 
     def __iter__(self) -> Iterator[Batch]:
         epoch = (self.sampler.epoch, self.sampler.start)
