@@ -19,6 +19,7 @@ rewritten after every part), gpu-check.log, pytest.log, pytest.xml, data.log, ru
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import gpu_env  # benchmarks/gpu_env.py
@@ -91,7 +93,7 @@ class Check:
         writes its JUnit XML on SIGINT; train.py stops its workers on SIGTERM), then SIGKILL after DATA_GRACE_S.
         (exit status, "" or how it was cut)."""
         by = "the deadline" if limit >= self.left() else "its limit"
-        with open(log, "ab") as output:
+        with open(log, "ab") as output, stoppable_children():
             process = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=output, stderr=subprocess.STDOUT,
                                        start_new_session=True)  # fmt: skip
             try:
@@ -99,6 +101,21 @@ class Check:
             except subprocess.TimeoutExpired:
                 stop_group(process, stop)
                 return process.returncode, f"cut at {limit:.0f} s by {by}"
+
+
+@contextlib.contextmanager
+def stoppable_children() -> Iterator[None]:
+    """Children started in the block start with SIGINT at its default. A shell starts a background job (`make
+    gpu-check &`, nohup) with SIGINT ignored, which exec keeps: pytest, then, never saw the limit's SIGINT, ran
+    on to the SIGKILL DATA_GRACE_S later and wrote no JUnit XML. A handler, unlike SIG_IGN, is reset by exec."""
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def stop_group(process: subprocess.Popen, first: int) -> None:

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -97,6 +98,7 @@ def ours_loader(args: argparse.Namespace) -> dict:
         result = _timed(iter(data.train), args.warmup, args.batches, lambda b: len(b.labels), lambda b: b.times)
     finally:
         data.close()
+        shutil.rmtree(out, ignore_errors=True)  # the run's loader_args.json and log: nothing this child reports
     transform = data.bundle.train.transform
     return {**result, "transform": " ".join(repr(transform).split()), "crop_scale": _crop_scale(transform)}
 

@@ -35,7 +35,7 @@ from imgtrain.data.cifar import build_cifar
 from imgtrain.data.datasets import DatasetBundle, build_imagefolder, build_shapes, build_synthetic
 from imgtrain.data.folders import split_indices
 from imgtrain.data.image_files import CorruptSampleError, EncodedFileDataset, ImageFileDataset
-from imgtrain.data.jpeg import jpeg_problem
+from imgtrain.data.jpeg import JpegFrame, checked_frame
 
 MEAN, STD = [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]
 SRC_DIR = str(Path(imgtrain.__file__).resolve().parents[1])
@@ -293,6 +293,12 @@ def _jpeg(image: Image.Image, **save: object) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, "JPEG", **save)
     return buffer.getvalue()
+
+
+def jpeg_problem(data: bytes, max_pixels: int | None = None) -> str | None:
+    """Why the GPU decoder is not given `data`, None when it is."""
+    checked = checked_frame(data, max_pixels)
+    return None if isinstance(checked, JpegFrame) else checked
 
 
 def test_jpeg_problem_reads_truncation_and_cmyk_from_the_markers() -> None:

@@ -62,10 +62,17 @@ def _train(run_dir: Path, *overrides: str) -> dict:
 
 
 def _lr(run_dir: Path) -> dict[int, float]:
-    """TensorBoard's `lr` by step: the LR after each optimizer step, as the real reader sees it."""
-    events = EventAccumulator(str(run_dir / "tb"))
-    events.Reload()
-    return {event.step: event.value for event in events.Scalars("lr")}
+    """TensorBoard's `lr` by step: the LR after each optimizer step, as the real reader sees it, each run's event
+    file read in the order the runs wrote them. (Read as a folder, the files go in name order: two in-process runs
+    in the same second are named by a process-wide counter, and "...123.10" sorts before "...123.9"; the reader
+    then takes the first run's steps 1-4 as a restart and drops the resumed run's 5-8.)"""
+    steps: dict[int, float] = {}
+    for path in sorted((run_dir / "tb").glob("events.out.tfevents.*"), key=lambda path: path.stat().st_mtime_ns):
+        events = EventAccumulator(str(path))
+        events.Reload()
+        if "lr" in events.Tags()["scalars"]:
+            steps.update({event.step: event.value for event in events.Scalars("lr")})
+    return steps
 
 
 def _checkpoint(run_dir: Path) -> dict:

@@ -398,7 +398,8 @@ def test_a_custom_image_above_max_image_pixels_is_unreadable(tmp_path: Path, how
 
 def test_a_csv_run_counts_an_image_above_max_image_pixels_as_unreadable(tmp_path: Path) -> None:
     """The issue's run: a 12000-pixel file among 1200-pixel ones (a 12000x12000 one, scaled down) with the limit
-    between them is counted and named with its size, never decoded."""
+    between them is counted and named with its size, never decoded. In full: at 1/2 scale (dataset.scaled_decode,
+    for the 32-px crops) it holds 60x50 pixels, under the limit (tests/test_scaled_decode.py)."""
     cats = write_jpegs(tmp_path / "cats", [f"{i}.jpg" for i in range(12)])
     dogs = write_jpegs(tmp_path / "dogs", [f"{i}.jpg" for i in range(12)])
     (huge,) = write_jpegs(tmp_path / "big", ["huge.jpg"], size=(120, 100))
@@ -406,7 +407,8 @@ def test_a_csv_run_counts_an_image_above_max_image_pixels_as_unreadable(tmp_path
     (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
     (tmp_path / "val.csv").write_text(f"{cats[0]},cat\n{dogs[11]},dog\n")
     args = ["dataset=csv", f"dataset.train={tmp_path / 'train.csv'}", f"dataset.val={tmp_path / 'val.csv'}"]
-    run(compose_cfg(*args, *FEW_STEPS, "dataset.max_image_pixels=10000", output_dir=str(tmp_path / "run")))
+    limit = ("dataset.max_image_pixels=10000", "dataset.scaled_decode=false")
+    run(compose_cfg(*args, *FEW_STEPS, *limit, output_dir=str(tmp_path / "run")))
     metrics = read_metrics(tmp_path / "run")
     assert metrics["steps"] == 3 and metrics["skipped_samples"] == 1
     assert metrics["unreadable_files"] == [

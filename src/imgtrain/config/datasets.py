@@ -148,6 +148,9 @@ class ImageFolderConfig(DatasetConfig):
     # a file whose header claims more pixels is unreadable (counted against data.max_bad_samples), never decoded;
     # PIL's own guard follows it. Default: PIL's limit (89.5 MP); null = no limit
     max_image_pixels: int | None = checked(MAX_IMAGE_PIXELS, at_least(1, note="pixels", null="no limit"))
+    # JPEGs decoded at 1/2, 1/4 or 1/8 scale (libjpeg-turbo, in the DCT domain) when the crop needs no more pixels:
+    # for photos larger than the crops (docs/input-pipeline.md, "Big photos"); other files decode as before
+    scaled_decode: bool = True
 
     def files_problem(self) -> str | None:
         if not self.root:
@@ -175,6 +178,9 @@ class ShardsConfig(DatasetConfig):
     # a file whose header claims more pixels is unreadable (counted against data.max_bad_samples), never decoded;
     # PIL's own guard follows it. Default: PIL's limit (89.5 MP); null = no limit
     max_image_pixels: int | None = checked(MAX_IMAGE_PIXELS, at_least(1, note="pixels", null="no limit"))
+    # JPEGs decoded at 1/2, 1/4 or 1/8 scale (libjpeg-turbo, in the DCT domain) when the crop needs no more pixels:
+    # for photos larger than the crops (docs/input-pipeline.md, "Big photos"); other files decode as before
+    scaled_decode: bool = True
     # Object storage only: LitData keeps the chunks it fetches under cache_dir/<bucket>/<prefix>/<split>, on each
     # node, shared by the ranks there; cache_limit_gb caps that (null: LitData's default, 75% of the free disk
     # leaving at least 50 GB). Below the split's size, each chunk is deleted after use and fetched again next epoch.
@@ -222,6 +228,9 @@ class CsvConfig(DatasetConfig):
     # a file whose header claims more pixels is unreadable (counted against data.max_bad_samples), never decoded;
     # PIL's own guard follows it. Default: PIL's limit (89.5 MP); null = no limit
     max_image_pixels: int | None = checked(MAX_IMAGE_PIXELS, at_least(1, note="pixels", null="no limit"))
+    # JPEGs decoded at 1/2, 1/4 or 1/8 scale (libjpeg-turbo, in the DCT domain) when the crop needs no more pixels:
+    # for photos larger than the crops (docs/input-pipeline.md, "Big photos"); other files decode as before
+    scaled_decode: bool = True
 
     def files_problem(self) -> str | None:
         for key in ("train", "val"):  # each split's CSV (data/csv_rows.py)

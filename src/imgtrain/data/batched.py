@@ -134,27 +134,49 @@ def _centre_boxes(heights: np.ndarray, widths: np.ndarray, ratio: tuple[float, f
     return np.stack([(heights - h) // 2, (widths - w) // 2, h, w], axis=1)
 
 
-def augment_batch(images: list[torch.Tensor], seeds: np.ndarray | None, spec: CropSpec) -> list[torch.Tensor]:
+def augment_batch(
+    images: list[torch.Tensor], seeds: np.ndarray | None, spec: CropSpec, full: np.ndarray | None = None
+) -> list[torch.Tensor]:
     """uint8 images [3, H, W] of any sizes -> uint8 [3, size, size] each: cropped and resized as `spec` says, flipped
     where each seed's draw says (`seeds` may be None for a spec without randomness), then through the spec's policy,
     per sample (data/policies.py). A list, which collate stacks into shared memory: the images are copied once,
-    there; random erasing is applied there, to the stacked batch (`collate`)."""
+    there; random erasing is applied there, to the stacked batch (`collate`).
+
+    `full` [B, 2]: each image's (height, width) at full scale where it was decoded smaller (data/scaled_decode.py):
+    its box is drawn on that size, as for the full image, then mapped onto the image."""
     random = spec.scale is not None or spec.flip_p > 0
     draws = uniforms(seeds, DRAWS) if random else None
     flips = draws[:, -1] < spec.flip_p if spec.flip_p > 0 else np.zeros(len(images), dtype=bool)
-    if spec.scale is None:
+    if spec.scale is None:  # the whole image resized: the same at any scale
         out = [_evaluation_crop(image, spec) for image in images]
         out = [image.flip(-1) if flip else image for image, flip in zip(out, flips, strict=True)]
     else:
-        out = _crop_resize_flip(images, image_boxes(images, draws, spec), flips, spec.size)
+        out = _crop_resize_flip(images, image_boxes(images, draws, spec, full), flips, spec.size)
     return apply_policy(out, seeds, spec.policy)
 
 
-def image_boxes(images: list[torch.Tensor], draws: np.ndarray, spec: CropSpec) -> np.ndarray:
-    """`random_boxes` for these images [..., H, W] (their sizes are host metadata: no sync on a GPU)."""
+def image_boxes(
+    images: list[torch.Tensor], draws: np.ndarray, spec: CropSpec, full: np.ndarray | None = None
+) -> np.ndarray:
+    """`random_boxes` for these images [..., H, W] (their sizes are host metadata: no sync on a GPU), drawn on
+    their `full` sizes [B, 2] where given and mapped onto the images."""
     heights = np.array([image.shape[-2] for image in images], dtype=np.int64)
     widths = np.array([image.shape[-1] for image in images], dtype=np.int64)
-    return random_boxes(heights, widths, draws, spec)
+    if full is None:
+        return random_boxes(heights, widths, draws, spec)
+    boxes = random_boxes(full[:, 0], full[:, 1], draws, spec)
+    rows = _mapped(boxes[:, 0], boxes[:, 2], heights / full[:, 0], heights)
+    cols = _mapped(boxes[:, 1], boxes[:, 3], widths / full[:, 1], widths)
+    return np.stack([rows[0], cols[0], rows[1], cols[1]], axis=1)
+
+
+def _mapped(start: np.ndarray, length: np.ndarray, factor: np.ndarray, limit: np.ndarray) -> tuple:
+    """A box's (start, length) along one axis on an image `factor` times the size: each edge rounded to the
+    nearest pixel (half a pixel of the smaller image at most), at least one pixel long, inside the image. A factor
+    of 1 gives the box unchanged."""
+    first = np.clip(np.rint(start * factor), 0, limit - 1).astype(np.int64)
+    end = np.clip(np.rint((start + length) * factor), first + 1, limit).astype(np.int64)
+    return first, end - first
 
 
 def _crop_resize_flip(images: list[torch.Tensor], boxes: np.ndarray, flips: np.ndarray, size: int) -> list:

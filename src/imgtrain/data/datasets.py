@@ -168,6 +168,7 @@ def file_bundle(
     std: Any,
     decode: str | None = None,
     max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+    scaled_decode: bool = False,
     transforms: tuple[Any, Any] | None = None,
     dataset: Callable[[Any, Any], Dataset] | None = None,
     **keys: Any,
@@ -178,21 +179,24 @@ def file_bundle(
     The transforms: `transforms` (train, val), or `imagenet_transforms` of `keys` (augment, val_resize,
     val_image_size, randaugment_ops, randaugment_magnitude, random_erasing). The workers read and decode the files
     (after a check that a CPU decoder exists; decode=None: the dataset has no dataset.decode key), or with
-    decode="cuda" read them as bytes for the GPU to decode. `dataset(split, transform)`: each split's Dataset when
+    decode="cuda" read them as bytes for the GPU to decode; `scaled_decode`: JPEGs at reduced scale where the crop
+    allows (data/scaled_decode.py). `dataset(split, transform)`: each split's Dataset when
     a split is not image files (dataset=custom: the user's Dataset)."""
     train, val, classes = listing
     train_tf, val_tf = transforms or imagenet_transforms(image_size, mean=triple(mean), **keys)
     if dataset is None:
-        dataset = _file_dataset(name, decode, max_image_pixels, classes)
+        dataset = _file_dataset(name, decode, max_image_pixels, classes, scaled_decode)
     return bundle(dataset(train, train_tf), dataset(val, val_tf), classes, **_bundle_keys(name, image_size, mean, std))
 
 
-def _file_dataset(name: str, decode: str | None, max_pixels: int | None, classes: list[str]) -> Callable:
+def _file_dataset(
+    name: str, decode: str | None, max_pixels: int | None, classes: list[str], scaled: bool = False
+) -> Callable:
     """How a `Split` and its transform become a Dataset of image files."""
-    if decode != "cuda":  # nvJPEG decodes on the GPU: no CPU decoder needed
-        decoders.check(f"dataset={name}", "" if decode is None else "use dataset.decode=cuda on a GPU")
-    files = EncodedFileDataset if decode == "cuda" else ImageFileDataset
-    return lambda split, transform: files(*split, classes, transform, max_pixels)
+    if decode == "cuda":  # nvJPEG decodes on the GPU: no CPU decoder needed
+        return lambda split, transform: EncodedFileDataset(*split, classes, transform, max_pixels)
+    decoders.check(f"dataset={name}", "" if decode is None else "use dataset.decode=cuda on a GPU")
+    return lambda split, transform: ImageFileDataset(*split, classes, transform, max_pixels, scaled)
 
 
 def tensor_bundle(

@@ -49,6 +49,19 @@ TORCHVISION_DECODERS_DEPRECATED = (0, 29)  # torchvision.io's image decoders are
 # The formats torchvision.io.decode_image reads, by their first bytes (its own check raises the RuntimeError it
 # also raises for a damaged file): JPEG, PNG, GIF, WebP.
 _TORCHVISION_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a")
+_ORIENTATION_TAG = 0x0112  # EXIF's
+# An ISO-BMFF file's brands (bytes 8-12, after "ftyp") that phones write for HEVC-coded stills (HEIC, Apple's
+# default); not the generic mif1 and msf1, which AVIF files (read by Pillow) may carry too
+_HEIF_BRANDS = frozenset({b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"hevm", b"hevs"})
+_TURNS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {  # what EXIF orientation 2-8 asks of [..., H, W]
+    2: lambda x: x.flip(-1),
+    3: lambda x: x.flip(-1, -2),
+    4: lambda x: x.flip(-2),
+    5: lambda x: x.transpose(-1, -2),
+    6: lambda x: torch.rot90(x, -1, (-2, -1)),
+    7: lambda x: x.flip(-1, -2).transpose(-1, -2),
+    8: lambda x: torch.rot90(x, 1, (-2, -1)),
+}
 
 
 @dataclass(frozen=True)
@@ -81,7 +94,7 @@ def _torchvision(reason: str) -> CpuDecoder:
         head = data[:12].numpy().tobytes()
         if not (head.startswith(_TORCHVISION_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")):
             raise ValueError("not a format torchvision.io decodes")
-        return from_io.decode_image(data, mode=from_io.ImageReadMode.RGB)
+        return from_io.decode_image(data, mode=from_io.ImageReadMode.RGB, apply_exif_orientation=True)
 
     return CpuDecoder(f"torchvision.io {torchvision.__version__}", decode, reason)
 
@@ -167,6 +180,11 @@ def decode_bytes(data: torch.Tensor, path: str, max_pixels: int | None = MAX_IMA
     if isinstance(frame, JpegFrame):  # its frame header, found without PIL
         _check_size(frame.width, frame.height, max_pixels)
         return _decoded(data, None)
+    if view[4:8] == b"ftyp" and bytes(view[8:12]) in _HEIF_BRANDS:
+        raise ValueError(
+            f"a HEIC/HEIF image (brand {bytes(view[8:12]).decode()}), which neither TorchCodec nor Pillow decodes: "
+            "convert it to JPEG first (e.g. `heif-convert`, or Pillow with the pillow-heif plugin)"
+        )
     with _pil_opened(data) as image:  # PIL reads the header only, until the pixels are asked for
         _check_size(*image.size, max_pixels)
         return _decoded(data, image)
@@ -226,9 +244,26 @@ def pil_rgb(image: Image.Image) -> torch.Tensor:
     convert would clip it to 255: a 16-bit gradient comes out white), any other converted by PIL."""
     if image.mode in _DEEP_MODES:
         levels = torch.from_numpy(to_uint8(np.asarray(image)))
-        return levels.expand(3, *levels.shape).contiguous()
+        return upright(levels.expand(3, *levels.shape).contiguous(), _orientation(image))
     array = np.asarray(image if image.mode == "RGB" else image.convert("RGB"), dtype=np.uint8)
-    return torch.from_numpy(array.copy()).permute(2, 0, 1)
+    return upright(torch.from_numpy(array.copy()).permute(2, 0, 1), _orientation(image))
+
+
+def _orientation(image: Image.Image) -> int:
+    """The EXIF orientation (1-8) a PIL image carries (a TIFF's, WebP's or PNG's, or a JPEG from a user's code)."""
+    try:
+        value = image.getexif().get(_ORIENTATION_TAG, 1)
+    except (OSError, ValueError, SyntaxError):  # a damaged EXIF block: the pixels as stored
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def upright(image: torch.Tensor, orientation: int) -> torch.Tensor:
+    """uint8 [3, H, W] as stored with EXIF `orientation` (1-8), turned as a viewer shows it (PIL's
+    ImageOps.exif_transpose; TorchCodec's decoder does the same for JPEGs): mirrored (2, 4), turned by 180 (3),
+    90 clockwise (6) or counter-clockwise (8), or transposed along either diagonal (5, 7)."""
+    turn = _TURNS.get(orientation)
+    return image if turn is None else turn(image).contiguous()
 
 
 def to_uint8(values: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from imgtrain.common.errors import RunError
 from imgtrain.data import batched, resample
 from imgtrain.data.copies import to_device
+from imgtrain.data.decoders import upright
 from imgtrain.data.jpeg import EncodedBatch
 from imgtrain.data.samples import Batch
 from imgtrain.data.stages import StreamTimer
@@ -166,6 +167,9 @@ class JpegBatchDecoder:
             return batch._replace(labels=to_device(batch.labels, device))
         encoded: EncodedBatch = batch.images
         decoded = decode_jpegs(encoded.files(), device)
+        if encoded.orientations is not None:  # nvJPEG ignores EXIF: turned here, as the CPU decoders turn them
+            turns = zip(decoded, encoded.orientations.tolist(), strict=True)
+            decoded = [upright(image, o) if isinstance(image, torch.Tensor) else image for image, o in turns]
         failed = tuple((batch.sources[i], why) for i, why in enumerate(decoded) if isinstance(why, str))
         take, seeded = self._selection(decoded, batch.sources)
         labels = batch.labels if not failed else batch.labels[torch.as_tensor(take, dtype=torch.long)]

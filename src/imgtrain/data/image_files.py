@@ -16,7 +16,10 @@ from torch.utils.data import Dataset
 from imgtrain.config.datasets import MAX_IMAGE_PIXELS
 from imgtrain.data import batched, stages
 from imgtrain.data.decoders import DECODE_ERRORS, decode_bytes, error_reason, read_file
-from imgtrain.data.jpeg import EncodedJpeg, jpeg_problem
+from imgtrain.data.jpeg import EncodedJpeg, checked_frame
+from imgtrain.data.scaled_decode import Reduced, decode_for_crop
+
+CropDraw = tuple[int | None, batched.CropSpec]  # a sample's seed and its batch's crop: what `decoded` may read less for
 
 
 class CorruptSampleError(Exception):
@@ -34,7 +37,9 @@ class DecodedSamples(Dataset):
 
     transform: Any
 
-    def decoded(self, index: int) -> tuple[torch.Tensor, int]:
+    def decoded(self, index: int, crop: CropDraw | None = None) -> tuple[torch.Tensor | Reduced, int]:
+        """(image, label); `crop` (seed, CropSpec): the crop the batch will take, which a dataset of files may
+        decode fewer pixels for (data/scaled_decode.py)."""
         raise NotImplementedError
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
@@ -57,6 +62,7 @@ class ImageFileDataset(DecodedSamples):
         classes: list[str],
         transform: Any,
         max_pixels: int | None = MAX_IMAGE_PIXELS,
+        scaled: bool = False,
     ) -> None:
         # numpy arrays, not a list of (path, label) tuples: each worker touching refcounted python objects
         # would copy their pages (copy-on-write), multiplying RAM by num_workers + 1. Bytes, not np.str_,
@@ -66,6 +72,7 @@ class ImageFileDataset(DecodedSamples):
         self.classes = list(classes)
         self.transform = transform
         self.max_pixels = max_pixels
+        self.scaled = scaled  # dataset.scaled_decode: JPEGs at 1/2, 1/4 or 1/8 scale where the crop allows
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -80,14 +87,18 @@ class ImageFileDataset(DecodedSamples):
         on its own by `__getitem__`."""
         return batched.spec_of(self.transform)
 
-    def decoded(self, index: int) -> tuple[torch.Tensor, int]:
-        """Item `index` read and decoded, not transformed: uint8 [3, H, W] and its label (read and decode timed)."""
+    def decoded(self, index: int, crop: CropDraw | None = None) -> tuple[torch.Tensor | Reduced, int]:
+        """Item `index` read and decoded, not transformed: uint8 [3, H, W] and its label (read and decode timed);
+        Reduced where scaled decoding is on and `crop` needs fewer pixels."""
         path = self.path(index)
         started = time.perf_counter()
         try:
             data = read_file(path)
             read = time.perf_counter()
-            raw = decode_bytes(data, path, self.max_pixels)
+            if self.scaled and crop is not None:
+                raw = decode_for_crop(data, path, self.max_pixels, *crop)
+            else:
+                raw = decode_bytes(data, path, self.max_pixels)
         except DECODE_ERRORS as error:
             raise CorruptSampleError(path, error_reason(error)) from None
         stages.record(read - started, time.perf_counter() - read)
@@ -108,8 +119,9 @@ class EncodedFileDataset(ImageFileDataset):
                 raw = bytearray(f.read())
         except OSError as error:
             raise CorruptSampleError(path, str(error.strerror or error)) from None
-        problem = jpeg_problem(raw, self.max_pixels)
-        if problem:
-            raise CorruptSampleError(path, problem)
+        frame = checked_frame(raw, self.max_pixels)
+        if isinstance(frame, str):
+            raise CorruptSampleError(path, frame)
         stages.record(read=time.perf_counter() - started)  # decoding is timed on the GPU (gpu_decode)
-        return EncodedJpeg(torch.frombuffer(raw, dtype=torch.uint8), path), int(self.labels[index])
+        data = torch.frombuffer(raw, dtype=torch.uint8)
+        return EncodedJpeg(data, path, orientation=frame.orientation), int(self.labels[index])

@@ -53,8 +53,21 @@ PLAN_WIDTH = 2 * AXIS_FIELDS + 1
 CHUNK_BYTES = 256 * 2**20
 
 
-def plan_batch(heights: np.ndarray, widths: np.ndarray, seeds: np.ndarray | None, spec: batched.CropSpec) -> np.ndarray:
-    """[B, PLAN_WIDTH] float64: what `spec` does to each image of these sizes, its random draws from its seed."""
+def plan_batch(
+    heights: np.ndarray,
+    widths: np.ndarray,
+    seeds: np.ndarray | None,
+    spec: batched.CropSpec,
+    full: np.ndarray | None = None,
+) -> np.ndarray:
+    """[B, PLAN_WIDTH] float64: what `spec` does to each image of these sizes, its random draws from its seed. An
+    image decoded at reduced scale (data/scaled_decode.py) is planned on its `full` (height, width) [B, 2], as at
+    full scale, and the plan's source coordinates scaled onto it: the same box, exactly, in its pixels."""
+    if full is not None:
+        plans = plan_batch(full[:, 0], full[:, 1], seeds, spec)
+        plans[:, 0:3] *= (heights / full[:, 0])[:, None]  # rows: start, length, source pixels per output pixel
+        plans[:, AXIS_FIELDS : AXIS_FIELDS + 3] *= (widths / full[:, 1])[:, None]  # columns: the same
+        return plans
     random = spec.scale is not None or spec.flip_p > 0
     draws = batched.uniforms(seeds, batched.DRAWS) if random else None
     flips = draws[:, -1] < spec.flip_p if spec.flip_p > 0 else np.zeros(len(heights), dtype=bool)

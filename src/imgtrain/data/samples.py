@@ -10,6 +10,7 @@ with the unreadable files and the stage times (all of it the `augment` stage's).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -23,6 +24,7 @@ from imgtrain.data import batched, policies, resample, stages
 from imgtrain.data.image_files import CorruptSampleError
 from imgtrain.data.jpeg import EncodedBatch, EncodedJpeg
 from imgtrain.data.policies import seeded
+from imgtrain.data.scaled_decode import Reduced
 
 # data.augment_on=auto: a batch of one image size goes to the device uncropped when its images hold at most this
 # many times the pixels of the crops: up to 2x the crops' bytes through shared memory, pinning and PCIe, for a
@@ -59,6 +61,7 @@ class Uncropped(NamedTuple):
     seed: int | None
     spec: batched.CropSpec
     augment_on: AugmentOn
+    full: tuple[int, int] | None = None  # (height, width) at full scale, where decoded smaller (scaled_decode.py)
 
 
 class RawImage(NamedTuple):
@@ -142,8 +145,9 @@ def collate(items: list[Sample]) -> Batch:
         batch = Batch(raw, torch.tensor([label for _, label in kept]), skipped)
     elif isinstance(kept[0][0], EncodedJpeg):
         labels = torch.tensor([label for _, label in kept])
-        packed = EncodedBatch.pack([e.data for e, _ in kept], [e.seed for e, _ in kept])
-        batch = Batch(packed, labels, skipped, tuple(e.path for e, _ in kept))
+        files = [e for e, _ in kept]
+        packed = EncodedBatch.pack([e.data for e in files], [e.seed for e in files], [e.orientation for e in files])
+        batch = Batch(packed, labels, skipped, tuple(e.path for e in files))
     else:
         images, labels = default_collate(kept)
         if boxes is not None:  # in place, in shared memory: no copy of the batch
@@ -169,15 +173,16 @@ def augmented(items: list[Sample]) -> tuple[list[Sample], Erasing | None]:
     uncropped: list[Uncropped] = [items[i][0] for i in kept]
     images, spec = [u.image for u in uncropped], uncropped[0].spec
     seeds = None if uncropped[0].seed is None else np.array([u.seed for u in uncropped], dtype=np.int64)
+    full = _full_sizes(uncropped)
     plans = (
-        resample.plan_batch(*resample.sizes_of(images), seeds, spec)
+        resample.plan_batch(*resample.sizes_of(images), seeds, spec, full)
         if _on_device(images, spec, uncropped[0].augment_on)
         else None
     )
     if plans is not None and resample.window_canvas_bytes(images, plans, spec.size) <= DEVICE_CANVAS_MAX_BYTES:
         images = [RawImage(image, plan, spec.size) for image, plan in zip(images, plans, strict=True)]
     else:  # the workers' place, or a batch whose canvas for the device would be too large (one huge photo)
-        images = batched.augment_batch(images, seeds, spec)
+        images = batched.augment_batch(images, seeds, spec, full)
     erasing = _erasing(seeds, spec, kept, len(items))
     share = (time.perf_counter() - started) / len(kept)
     items = list(items)
@@ -187,6 +192,14 @@ def augmented(items: list[Sample]) -> tuple[list[Sample], Erasing | None]:
             times = (times[0], times[1], times[2] + share, times[3] + share)
         items[i] = (image, label, skipped, times)
     return items, erasing
+
+
+def _full_sizes(uncropped: list[Uncropped]) -> np.ndarray | None:
+    """[B, 2] (height, width) at full scale of a batch with an image decoded smaller (each other image's own
+    size); None when every image is at full scale."""
+    if all(u.full is None for u in uncropped):
+        return None
+    return np.array([u.full or tuple(u.image.shape[-2:]) for u in uncropped], dtype=np.int64)
 
 
 def _erasing(seeds: np.ndarray | None, spec: batched.CropSpec, kept: list[int], count: int) -> Erasing | None:
@@ -259,10 +272,12 @@ class GuardedSamples(Dataset):
         spec = getattr(self.dataset, "crop_spec", None)
         if spec is None:
             return [self[item] for item in items]
-        samples = [self._guarded(item, self._decoded) for item in items]
+        decoded = functools.partial(self._decoded, spec=spec)
+        samples = [self._guarded((_index_of(item), _seed_of(item)), decoded) for item in items]
         for i, (image, label, skipped, times) in enumerate(samples):
             if image is not None:  # cropped, resized and flipped with the whole batch by `collate`
-                samples[i] = (Uncropped(image, _seed_of(items[i]), spec, self.augment_on), label, skipped, times)
+                image, full = (image.image, image.full) if isinstance(image, Reduced) else (image, None)
+                samples[i] = (Uncropped(image, _seed_of(items[i]), spec, self.augment_on, full), label, skipped, times)
         return samples
 
     def _guarded(self, item: int | tuple[int, int], load: Callable[[int, int | None], Any]) -> Sample:
@@ -288,8 +303,10 @@ class GuardedSamples(Dataset):
             return self.dataset[index]
         return seeded(seed, self.dataset.__getitem__, index)
 
-    def _decoded(self, index: int, seed: int | None) -> tuple[torch.Tensor, int]:
-        return self.dataset.decoded(index)
+    def _decoded(self, index: int, seed: int | None, spec: batched.CropSpec) -> tuple[torch.Tensor | Reduced, int]:
+        """Decoded for the batch's crop (`spec`, its box from `seed`): at reduced scale where the dataset does that
+        and the crop allows."""
+        return self.dataset.decoded(index, (seed, spec))
 
 
 def _index_of(item: int | tuple[int, int | None]) -> int:

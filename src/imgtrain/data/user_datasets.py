@@ -72,7 +72,8 @@ class UserDataset(DecodedSamples):
         """The transform as one call for a whole batch (data/batched.py), or None (then per sample)."""
         return batched.spec_of(self.transform)
 
-    def decoded(self, index: int) -> tuple[torch.Tensor, int]:
+    def decoded(self, index: int, crop: Any = None) -> tuple[torch.Tensor, int]:
+        """The item as uint8 [3, H, W] and its label; `crop` is not used: the user's code decodes its own files."""
         started = time.perf_counter()
         try:
             with decoders.pil_guard(self.max_pixels):  # an Image.open in the user's code refuses what we would

@@ -26,6 +26,7 @@ from imgtrain.config.schema import Config, Mode
 from imgtrain.data import decoders
 from imgtrain.data.datasets import EncodedFileDataset, ImageFileDataset
 from imgtrain.data.pipeline import RunData
+from imgtrain.data.scaled_decode import binding
 from imgtrain.data.streamed import StreamedSplit
 from imgtrain.data.user_datasets import UserDataset
 from imgtrain.host import dist
@@ -202,7 +203,8 @@ def _decoder_in_use(settings: Config, data: RunData) -> str:
     if getattr(settings.dataset, "decode", Decode.cpu) == Decode.cuda:
         return "nvJPEG (torchvision.io.decode_jpeg on the GPU)"
     if isinstance(data.bundle.train, ImageFileDataset | StreamedSplit):  # files decoded by the workers
-        return decoders.describe()
+        scaled = getattr(data.bundle.train, "scaled", False)  # dataset.scaled_decode
+        return decoders.describe() + (f"; JPEGs at 1/2-1/8 scale where the crop allows ({binding()})" if scaled else "")
     if isinstance(data.bundle.train, UserDataset):  # dataset=custom: its own __getitem__ reads and decodes
         return f"{data.bundle.train.source}.__getitem__ (dataset=custom), timed as the decode stage"
     return "none (images held in memory)"

@@ -9,6 +9,7 @@ window's `agreement.WindowReport`, which the loop exchanges; `on_window` logs wh
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,12 +21,13 @@ import torchvision
 from imgtrain.common.atomic import write_json
 from imgtrain.config.model import model_name
 from imgtrain.config.schema import Config, Mode
+from imgtrain.data.decode_sample import sample_decodes
 from imgtrain.host import dist
 from imgtrain.host.cpus import available_cpus
 from imgtrain.metrics.console import print_table, progress_bar, update_progress
 from imgtrain.metrics.epoch_start import EpochStarts
 from imgtrain.metrics.monitor import ResourceMonitor
-from imgtrain.metrics.report import bounding_stage, too_few_windows, verdict, why_not_measured
+from imgtrain.metrics.report import bounding_stage, decode_bound, too_few_windows, verdict, why_not_measured
 from imgtrain.metrics.spread import Rate
 from imgtrain.metrics.stage_breakdown import PipelineMeter
 from imgtrain.metrics.summary import RunSummary, as_json
@@ -35,6 +37,8 @@ from imgtrain.resilience.agreement import Agreement, WindowReport, exchange
 from imgtrain.resilience.faults import Faults
 
 UNREADABLE_LISTED = 100  # distinct unreadable files listed in metrics.json (all are counted)
+
+log = logging.getLogger(__name__)
 
 
 class Metrics:
@@ -50,8 +54,10 @@ class Metrics:
         pipeline: PipelineMeter | None = None,
         environment: dict[str, Any] | None = None,
         profiled_steps: int = 0,
+        train_set: Any = None,
     ):
         self.settings, self.device, self.info, self.faults = settings, device, info, faults
+        self.train_set = train_set  # the training split's Dataset: a decode-bound verdict times some of its files
         self.environment = environment  # the pre-flight fingerprint (preflight.py)
         # `profiled_steps` (metrics.profile=true) follow the warm-up steps and stay out of the steady state too
         self.profiled_steps = profiled_steps
@@ -281,14 +287,43 @@ class Metrics:
         }
 
     def on_summary(self, summary: dict[str, Any], path: Path) -> None:
-        """Add the verdict; rank 0 writes metrics.json, the TensorBoard hparams and the console table."""
-        summary["verdict"] = verdict(summary)
+        """Add the verdict (on rank 0, from a sample of the files where decoding bounds the run); rank 0 writes
+        metrics.json, the TensorBoard hparams and the console table."""
         summary["pipeline"]["input_stage"] = bounding_stage(summary)
+        summary["pipeline"]["decode_sample"] = self._decode_sample(summary) if self.info.is_main else None
+        summary["verdict"] = verdict(summary)
         if self.info.is_main:
             write_json(path, summary)
             self.tb.log_hparams(hparams(summary), hparam_metrics(summary))
             print_table(summary)
         self.tb.close()
+
+    def _decode_sample(self, summary: dict[str, Any]) -> dict[str, Any] | None:
+        """Where decoding bounds the run: a few dozen of its training files' decodes timed (data/decode_sample.py,
+        a few seconds), with what `imgtrain-shards` would read them from; else None."""
+        if self.train_set is None or not decode_bound(summary):
+            return None
+        log.info("decoding bounds this run: timing a few of its training JPEGs for the verdict (a few seconds)")
+        try:
+            sample = sample_decodes(self.train_set, self.settings.train.seed)
+        except Exception as error:  # advice only: the run has finished, and its summary is written without it
+            log.warning(
+                "the decode sample failed (%s: %s); the verdict gives the general advice", type(error).__name__, error
+            )
+            return None
+        if sample is not None:
+            sample["source"] = _shards_source(self.settings.dataset)
+        return sample
+
+
+def _shards_source(dataset: Any) -> list[str] | None:
+    """What `imgtrain-shards` reads this run's files from: the image folder, or the training CSV with `--val` and
+    the validation CSV (dataset=csv); None when the config names neither."""
+    train, val = getattr(dataset, "train", None), getattr(dataset, "val", None)
+    if isinstance(train, str) and isinstance(val, str):
+        return [train, "--val", val]
+    root = getattr(dataset, "root", None)
+    return [root] if isinstance(root, str) and root else None
 
 
 def _scaled(interval: tuple[float, float] | None, total: float, perf: dict[str, Any]) -> list[float] | None:

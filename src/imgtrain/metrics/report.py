@@ -3,6 +3,7 @@ table and progress bar: metrics/console.py)."""
 
 from __future__ import annotations
 
+import shlex
 import statistics
 from typing import Any
 
@@ -72,6 +73,8 @@ def stage_advice(stage: str, summary: dict[str, Any]) -> str:
     augment-bound run what its policy allows (`augment_advice`)."""
     if stage == "augment":
         return augment_advice(summary)
+    if stage == "decode":
+        return decode_advice(summary) or STAGE_ADVICE["decode"]
     if stage != "read":
         return STAGE_ADVICE[stage]
     root = summary.get("dataset_root")
@@ -105,6 +108,41 @@ def augment_advice(summary: dict[str, Any]) -> str:
     return ", or ".join(options) if options else STAGE_ADVICE["augment"]
 
 
+# Below this median speed-up (per-file ratios, data/decode_sample.py), a way of decoding is not prescribed.
+WORTH_IT = 1.1
+
+
+def decode_advice(summary: dict[str, Any]) -> str | None:
+    """What a decode-bound run's own files say would help (`pipeline.decode_sample`, data/decode_sample.py): their
+    median size and decode time, the speed-up measured for them packed at --max-side N with the imgtrain-shards
+    command, and scaled decoding's where it is off. None without a sample, or when packing would not change most
+    of them (their median longer side at most N, which is at least twice the crop) or gain little."""
+    sample = (summary.get("pipeline") or {}).get("decode_sample")
+    packed = sample.get("packed_speedup") if sample else None
+    if not packed or sample["longer_side"] <= sample["max_side"] or packed["median"] < WORTH_IT:
+        return None
+    side, dst, as_run = sample["max_side"], "<local dir>", sample["as_run"]
+    given = sample.get("source") or ([summary["dataset_root"]] if summary.get("dataset_root") else [])
+    source = [shlex.quote(str(arg)) for arg in given] or ["<image folder>"]  # the run's own, as a shell reads them
+    command = " ".join(["imgtrain-shards", source[0], dst, *source[1:], "--max-side", str(side)])
+    with_it = " with scaled decoding (dataset.scaled_decode=true, on in this run)" if as_run == "scaled" else ""
+    words = (
+        f"the {sample['files']} JPEGs sampled are {sample['megapixels']:.1f} MP (median) and decode in "
+        f"{sample['ms'][as_run]:.1f} ms each{with_it}; packed at --max-side {side} they decode {_times(packed)}: "
+        f"`{command}`, then dataset=shards dataset.root={dst}"
+    )
+    scaled = sample.get("scaled_speedup")
+    if as_run != "scaled" and scaled and scaled["median"] >= WORTH_IT:
+        words += f"; scaled decoding (dataset.scaled_decode=true) decodes them {_times(scaled)}"
+    return words
+
+
+def _times(speedup: dict[str, Any]) -> str:
+    """`18.2x faster (files 15.1-21.0x)`: the median of the per-file ratios, and their quartiles."""
+    low, high = speedup["quartiles"]
+    return f"{speedup['median']:.1f}x faster (files {low:.1f}-{high:.1f}x)"
+
+
 def input_stage(pipeline: dict[str, Any] | None) -> str | None:
     """The stage that bounds an input-bound run: transfer, idle workers, or the costliest per-image stage."""
     if not pipeline or pipeline.get("worker_busy_frac") is None:
@@ -128,9 +166,9 @@ def _stage_words(stage: str, pipeline: dict[str, Any]) -> str:
     return f"{stage} takes the most input time ({per_image[stage]:.2f} of {total:.2f} ms per image)"
 
 
-def contention(summary: dict[str, Any]) -> str | None:
-    """Training far below the model's own rate, told apart from it by their intervals, while the workers keep
-    the CPUs busy: name the stage that takes them."""
+def contended_stage(summary: dict[str, Any]) -> str | None:
+    """The worker stage that takes the CPUs when training runs far below the model's own rate, told apart from it
+    by their intervals, while the workers keep the CPUs busy; None when that is not so."""
     pipeline = summary.get("pipeline") or {}
     training, own = training_rate(summary), model_rate(summary)
     if not training or not own or training.median >= CONTENDED_RATE * own.median or indistinguishable(training, own):
@@ -138,7 +176,16 @@ def contention(summary: dict[str, Any]) -> str | None:
     if (pipeline.get("worker_busy_cores") or 0) < 0.25:
         return None
     per_image = pipeline["stage_ms_per_image"]
-    stage = max((s for s in WORKER_STAGES if per_image.get(s)), key=lambda s: per_image[s], default="decode")
+    return max((s for s in WORKER_STAGES if per_image.get(s)), key=lambda s: per_image[s], default="decode")
+
+
+def contention(summary: dict[str, Any]) -> str | None:
+    """CPU contention (`contended_stage`): the rates, the CPUs loading kept busy, and what takes them."""
+    stage = contended_stage(summary)
+    if stage is None:
+        return None
+    pipeline, per_image = summary["pipeline"], summary["pipeline"]["stage_ms_per_image"]
+    training, own = training_rate(summary), model_rate(summary)
     fewer = f"data.num_workers={max(0, pipeline['workers'] - 1)}, " if pipeline["workers"] > 1 else ""
     return (
         f"CPU-contended: training ran at {training.median:.1f} images/s, {training.median / own.median:.0%} of the "
@@ -204,6 +251,11 @@ def _bound(summary: dict[str, Any], wait: float) -> str:
         if stage is None:
             return f"input-bound: {wait:.0%} of step time waits for data; try {suggest_next(summary)}"
         more = suggest_next(summary) if stage in ("read", "decode", "augment") else None
+        measured = decode_advice(summary) if stage == "decode" else None
+        if measured:  # the files' own figures follow the stage's; then what else to try
+            also = f"; or try {more}" if more and "num_workers" in more else ""
+            words = f"input-bound: {wait:.0%} of step time waits for data; {_stage_words(stage, pipeline)}"
+            return f"{words}: {measured}{also}" + threads_note(summary)
         advice = stage_advice(stage, summary)
         advice = advice if more is None or "num_workers" not in more else f"{more}, {advice}"
         words = f"input-bound: {wait:.0%} of step time waits for data; {_stage_words(stage, pipeline)}: try {advice}"
@@ -248,6 +300,15 @@ def too_few_windows(windows: int, skip_first_steps: int, log_every_n_steps: int)
         f"no interval: {windows} steady-state window(s), {MIN_WINDOWS} needed to bound the median; run at "
         f"least {enough} steps (train.max_steps, train.epochs) or lower metrics.log_every_n_steps"
     )
+
+
+def decode_bound(summary: dict[str, Any]) -> bool:
+    """Whether the verdict names decode as what bounds the run: input-bound in decode, or CPU-contended mostly in
+    decode (a sample of its files then says what would help: data/decode_sample.py)."""
+    wait = summary.get("data_wait_frac")
+    if summary.get("mode") != "train" or wait is None:
+        return False
+    return (bounding_stage(summary) if wait > INPUT_BOUND_WAIT else contended_stage(summary)) == "decode"
 
 
 def bounding_stage(summary: dict[str, Any]) -> str | None:

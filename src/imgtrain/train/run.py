@@ -243,6 +243,7 @@ def instruments_for(
     pipeline = PipelineMeter(data.loader_args["train"]["num_workers"], data.feed.copy_timer, data.feed.decode_timer)
     # the profiled steps run slower: the metrics leave them out of the steady state (none without metrics.profile)
     measured = {"pipeline": pipeline, "environment": environment, "profiled_steps": profiler.profiled_steps}
+    measured["train_set"] = data.bundle.train  # a decode-bound verdict times some of its files (decode_sample.py)
     return [
         Metrics(settings, device, info, out_dir, faults, **measured),  # windows, TensorBoard, bar, metrics.json
         profiler,  # metrics.profile=true: a Perfetto trace of a few steady-state steps

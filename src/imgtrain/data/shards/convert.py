@@ -6,12 +6,15 @@ is split by `--val-fraction` and `--split-seed` exactly as `dataset.val_fraction
 it. Or what `dataset=csv` reads: SRC the training split's CSV (or TSV) and `--val` the validation split's
 (source.py). DST is a directory or `s3://bucket/prefix`. Each image is stored as its original file bytes (no
 re-encoding) with its label, its index in the split and its path under SRC (a CSV's folder); decoding stays in the
-training pipeline.
+training pipeline. With `--max-side N`, an image whose longer side is above N is stored downscaled to N, upright,
+as a JPEG (downscale.py), in the same worker processes; the manifest records N, and a conversion packed with
+another --max-side is packed again rather than kept.
 
 Images are written in a seeded random order: LitData shuffles whole chunks and the samples inside each, so a
-chunk written in class order would give batches of one or two classes. Each image is decoded once here; one that
-cannot be, or whose header claims more pixels than --max-image-pixels (dataset.max_image_pixels' default unless
-given), is listed and left out. The manifest (`imgtrain-shards.json`) is written last, so a killed conversion
+chunk written in class order would give batches of one or two classes. Each image is decoded once here (one
+above --max-side twice: checked as training decodes it, then downscaled by PIL); one that cannot be, or whose
+header claims more pixels than --max-image-pixels (dataset.max_image_pixels' default unless given), is listed and
+left out. The manifest (`imgtrain-shards.json`) is written last, so a killed conversion
 never looks complete; running the same command again keeps the splits already finished and redoes the others.
 Each split is checked as training will check it (manifest.check_split) as soon as it is written. Files are staged
 in one folder per destination, removed however the conversion stops (staging.py).
@@ -21,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import multiprocessing
 import os
 import random
@@ -30,7 +32,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 
 import litdata
@@ -39,18 +40,12 @@ from tqdm import tqdm
 from imgtrain.common.errors import ConfigError, RunError
 from imgtrain.config.datasets import MAX_IMAGE_PIXELS
 from imgtrain.data import decoders
-from imgtrain.data.decoders import decode_problem
+from imgtrain.data.decoders import DECODE_ERRORS, decode_problem, error_reason
 from imgtrain.data.shards import engine, staging
-from imgtrain.data.shards.manifest import (
-    FIELDS,
-    MANIFEST,
-    PARTIAL,
-    SPLITS,
-    Manifest,
-    SplitFiles,
-    check_split,
-    read_partial,
-)
+from imgtrain.data.shards.arguments import pixel_limit, whole_number
+from imgtrain.data.shards.destination import plan, save_partial
+from imgtrain.data.shards.downscale import AS_STORED, QUALITY, MaxSide
+from imgtrain.data.shards.manifest import FIELDS, MANIFEST, PARTIAL, SPLITS, Manifest, SplitFiles, check_split
 from imgtrain.data.shards.source import Source
 from imgtrain.data.shards.store import Location, Store, redact
 from imgtrain.host.cpus import available_cpus
@@ -64,10 +59,20 @@ DEFAULT_SHARD_MB = 64
 class PackImage:
     """LitData's `fn`, in its worker processes: one source image as a sample, or None (left out) when it cannot
     be decoded (or is above `max_pixels`, as training would find it). Unreadable files go to a per-process file in
-    `report_dir`; `done` counts images for the bar."""
+    `report_dir`; `done` counts images for the bar. With `max_side.side` (--max-side), an image larger than that
+    is stored downscaled (downscale.py) and counted in `shrunk`; any other as its bytes."""
 
-    def __init__(self, root: Path, report_dir: str, done, max_pixels: int | None = MAX_IMAGE_PIXELS) -> None:
+    def __init__(
+        self,
+        root: Path,
+        report_dir: str,
+        done,
+        max_pixels: int | None = MAX_IMAGE_PIXELS,
+        max_side: MaxSide = AS_STORED,
+        shrunk=None,
+    ) -> None:
         self.root, self.report_dir, self.done, self.max_pixels = root, report_dir, done, max_pixels
+        self.max_side, self.shrunk = max_side, shrunk
 
     def __call__(self, item: tuple[int, str, int]) -> dict | None:
         index, relative, label = item
@@ -77,6 +82,8 @@ class PackImage:
             problem = decode_problem(data, str(path), self.max_pixels)
         except OSError as error:
             data, problem = b"", error.strerror or str(error)
+        if not problem and self.max_side.side is not None:  # here, so that it runs in --workers processes
+            data, problem = self._sized(data)
         with self.done.get_lock():
             self.done.value += 1
         if problem:
@@ -84,6 +91,18 @@ class PackImage:
                 report.write(f"{relative}\t{problem}\n")
             return None
         return dict(zip(FIELDS, (index, label, relative, data), strict=True))  # what training accepts, and only that
+
+    def _sized(self, data: bytes) -> tuple[bytes, str | None]:
+        """(what to store of the image file `data`, why it cannot be stored or None)."""
+        try:
+            smaller = self.max_side.shrunk(data, self.max_pixels)
+        except DECODE_ERRORS as error:  # training's decoder read it, PIL cannot: left out as unreadable
+            return data, f"cannot be downscaled to --max-side {self.max_side.side} ({error_reason(error)})"
+        if smaller is None:
+            return data, None
+        with self.shrunk.get_lock():
+            self.shrunk.value += 1
+        return smaller, None
 
 
 def _unreadable(report_dir: str) -> dict[str, str]:
@@ -125,12 +144,14 @@ def pack_split(
     seed: int,
     scratch: str,
     max_pixels: int | None,
-) -> dict[str, str]:
+    max_side: MaxSide = AS_STORED,
+) -> tuple[dict[str, str], int]:
     """Write one split with LitData's `optimize`, staging under `scratch`; returns the unreadable files it left
-    out (path -> reason), those above `max_pixels` (--max-image-pixels) included."""
+    out (path -> reason), those above `max_pixels` (--max-image-pixels) included, and how many images it stored
+    downscaled to `max_side` (--max-side)."""
     items = [(index, source.relative(path), label) for index, (path, label) in enumerate(source.splits[split])]
     random.Random(seed).shuffle(items)  # chunks must mix classes (see the module docstring)
-    done = multiprocessing.get_context("fork").Value("q", 0)
+    done, shrunk = (multiprocessing.get_context("fork").Value("q", 0) for _ in range(2))
     report_dir = os.path.join(scratch, split, "unreadable")
     os.makedirs(report_dir)
     before = engine.started_processes()
@@ -139,7 +160,7 @@ def pack_split(
     with _progress(done, len(items), split), engine.scratch_env(os.path.join(scratch, split, "chunks")):
         try:
             litdata.optimize(
-                fn=PackImage(source.root, report_dir, done, max_pixels),
+                fn=PackImage(source.root, report_dir, done, max_pixels, max_side, shrunk),
                 inputs=items,
                 output_dir=store.location.join(split),
                 chunk_bytes=shard_mb * 1_000_000,
@@ -155,7 +176,7 @@ def pack_split(
             if isinstance(error, Exception) and not isinstance(error, RunError):
                 raise _engine_error(store.location.join(split), error) from None
             raise
-    return _unreadable(report_dir)
+    return _unreadable(report_dir), shrunk.value
 
 
 def _engine_error(url: str, error: Exception) -> RunError:
@@ -166,50 +187,9 @@ def _engine_error(url: str, error: Exception) -> RunError:
     return RunError(redact(f"{url}: LitData could not write the split ({reason}); run the same command again"))
 
 
-# ----------------------------------------------------------------------------- the destination
-def _plan(store: Store, source: Source, fingerprint: str) -> tuple[dict, Manifest | None]:
-    """(what an earlier run of this conversion finished: {"done": {split: SplitFiles}, "unreadable": ...}, a finished
-    manifest if any); refuses a destination that holds anything else, or files it cannot read, in one line."""
-    where = store.location.url
-    text = store.read_text(MANIFEST)
-    if text is not None:
-        manifest = Manifest.from_json(text, store.location.join(MANIFEST))
-        if manifest.fingerprint != fingerprint:
-            raise ConfigError(
-                f"DST={where} already holds shards of another dataset (from {manifest.source.get('root')}): choose "
-                "another destination, or delete it first"
-            )
-        return {}, manifest
-    partial = store.read_text(PARTIAL)
-    if partial is not None:
-        state = read_partial(partial, store.location.join(PARTIAL))
-        if state["fingerprint"] != fingerprint:
-            raise ConfigError(
-                f"DST={where} holds an unfinished conversion of another dataset (from {state['root']}): choose "
-                "another destination, or delete it first"
-            )
-        done = {split: files for split, files in state["done"].items() if _intact(store, split, files)}
-        kept = {source.relative(path) for split in done for path, _ in source.splits[split]}
-        return {"done": done, "unreadable": {k: v for k, v in state["unreadable"].items() if k in kept}}, None
-    if store.sizes():
-        raise ConfigError(f"DST={where} is not empty and holds no imgtrain shards: choose an empty or new destination")
-    return {}, None
-
-
-def _intact(store: Store, split: str, files: SplitFiles) -> bool:
-    """A split an earlier run finished is kept when it is still exactly as written and checked."""
-    if store.sizes(split) != files.files:
-        return False
-    try:
-        check_split(store, split, files)
-    except RunError:
-        return False
-    return True
-
-
 def convert(
     src: str, dst: str, *, val_fraction: float, split_seed: int, shard_mb: int, workers: int, val: str | None = None,
-    max_pixels: int | None = MAX_IMAGE_PIXELS,
+    max_pixels: int | None = MAX_IMAGE_PIXELS, max_side: MaxSide = AS_STORED,
 ) -> Manifest:  # fmt: skip
     """Pack SRC into DST (see the module docstring); prints what it does and returns the manifest."""
     decoders.check("imgtrain-shards")  # every image is decoded once, as training will, before it is packed
@@ -217,20 +197,22 @@ def convert(
     store = Store(Location.parse(dst, key="DST"))
     store.check_reachable(create=True)
     fingerprint = source.fingerprint()
-    earlier, finished = _plan(store, source, fingerprint)
-    if finished is not None:
+    earlier = plan(store, source, fingerprint, max_side.packing)
+    if earlier.finished is not None:
         print(f"{store.location.url} already holds this dataset, converted from {source.root}: nothing to do")
-        return finished
-    done: dict[str, SplitFiles] = earlier.get("done", {})
-    if done:
-        print(f"resuming an unfinished conversion into {store.location.url}: keeping {', '.join(done)} as written")
-    elif store.read_text(PARTIAL) is not None:
-        print(f"an earlier conversion into {store.location.url} finished no split: starting it again from the start")
-    state = {"fingerprint": fingerprint, "root": str(source.root), "unreadable": earlier.get("unreadable", {})}
-    with staging.staging(store.location.url, store.endpoint) as scratch:
+        return earlier.finished
+    if earlier.note:
+        print(earlier.note)
+    done = earlier.done
+    state = {"fingerprint": fingerprint, "root": str(source.root), "unreadable": earlier.unreadable}
+    state["packing"] = max_side.packing  # a run packing otherwise keeps none of these splits (destination.py)
+    with staging.staging(store.location.url, store.endpoint) as scratch:  # from here, no other conversion into DST
+        if earlier.replaces:  # the partial file first: from the manifest's removal on, nothing looks complete
+            save_partial(store, state, done)
+            store.delete(MANIFEST)
         for split in SPLITS:
             if split not in done:
-                how = (shard_mb, workers, split_seed, scratch, max_pixels)
+                how = (shard_mb, workers, split_seed, scratch, max_pixels, max_side)
                 done[split] = _write_split(source, store, split, state, done, how)
     manifest = Manifest(
         classes=source.classes,
@@ -239,6 +221,7 @@ def convert(
         chunk_bytes=shard_mb * 1_000_000,
         splits={split: done[split] for split in SPLITS},
         unreadable=state["unreadable"],
+        **max_side.packing,
     )
     store.write_text(MANIFEST, manifest.to_json())  # last: from now on the destination is complete
     store.delete(PARTIAL)
@@ -247,24 +230,20 @@ def convert(
 
 def _write_split(source: Source, store: Store, split: str, state: dict, done: dict, how: tuple) -> SplitFiles:
     """Pack one split, check it as training will, and record it in the partial file (`state` gains its unreadable
-    files). `how`: (shard_mb, workers, seed, staging folder, max_pixels)."""
-    _save_partial(store, state, done)  # before anything is written: this destination is being converted
+    files). `how`: (shard_mb, workers, seed, staging folder, max_pixels, max_side)."""
+    save_partial(store, state, done)  # before anything is written: this destination is being converted
     store.remove(split)  # whatever a killed run left of this split
-    skipped = pack_split(source, store, split, *how)
+    skipped, shrunk = pack_split(source, store, split, *how)
     for relative, reason in skipped.items():
         print(f"  unreadable, left out: {relative}: {reason}")
     state["unreadable"].update(skipped)
     written = len(source.splits[split]) - len(skipped)
     if written == 0:
         raise RunError(f"SRC={source.root}: no readable image in the {split} split ({len(skipped)} unreadable)")
-    files = SplitFiles(written, store.sizes(split))
+    files = SplitFiles(written, store.sizes(split), shrunk)
     check_split(store, split, files)  # the converter and training agree on what a split is
-    _save_partial(store, state, {**done, split: files})
+    save_partial(store, state, {**done, split: files})
     return files
-
-
-def _save_partial(store: Store, state: dict, done: dict[str, SplitFiles]) -> None:
-    store.write_text(PARTIAL, json.dumps({**state, "done": {split: asdict(files) for split, files in done.items()}}))
 
 
 def report(manifest: Manifest, dst: str) -> str:
@@ -275,13 +254,14 @@ def report(manifest: Manifest, dst: str) -> str:
         lines.append(
             f"  {split:5s} {files.samples:>10,} samples {files.shards:>6,} shards {files.bytes / 1e9:>9.3f} GB"
         )
+    lines.append(f"  {manifest.packed()}")
     if manifest.unreadable:
         lines.append(f"  {len(manifest.unreadable)} unreadable source file(s) left out (listed in {MANIFEST})")
     lines.append(f"train on it:  python train.py dataset=shards dataset.root={dst}")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="imgtrain-shards", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -294,14 +274,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=available_cpus(), help="processes (default: every CPU)")
     parser.add_argument(
         "--max-image-pixels",
-        type=_pixel_limit,
+        type=pixel_limit,
         default=MAX_IMAGE_PIXELS,
         help=f"as dataset.max_image_pixels: a file whose header claims more is left out (default {MAX_IMAGE_PIXELS}, "
         "PIL's limit; none = no limit)",
     )
+    parser.add_argument(
+        "--max-side",
+        type=whole_number(1, None, "pixels"),
+        metavar="N",
+        help="store an image whose longer side is above N px downscaled to N, upright, as a JPEG; any other as its "
+        "file's bytes (default: every image as its bytes)",
+    )
+    quality = f"with --max-side: the downscaled images' JPEG quality (default {QUALITY})"
+    parser.add_argument("--max-side-quality", type=whole_number(1, 100, "a JPEG quality"), metavar="Q", help=quality)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if not 0.0 < args.val_fraction < 1.0 or args.shard_mb < 1 or args.workers < 1:
         parser.error("--val-fraction must lie in (0, 1); --shard-mb and --workers must be at least 1")
+    if args.max_side_quality is not None and args.max_side is None:
+        parser.error("--max-side-quality applies only with --max-side N (images are otherwise stored as their bytes)")
+    max_side = MaxSide(args.max_side, args.max_side_quality or QUALITY)
     started = time.perf_counter()
     try:
         with staging.stops():  # SIGTERM and SIGHUP unwind like Ctrl-C: the staging folder is removed
@@ -314,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                 shard_mb=args.shard_mb,
                 workers=args.workers,
                 max_pixels=args.max_image_pixels,
+                max_side=max_side,
             )
     except RunError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
@@ -329,19 +327,6 @@ def main(argv: list[str] | None = None) -> int:
     print(report(manifest, args.dst))
     print(f"({time.perf_counter() - started:.1f} s)")
     return 0
-
-
-def _pixel_limit(text: str) -> int | None:
-    """--max-image-pixels: pixels >= 1, or none."""
-    if text.strip().lower() in ("none", "null"):
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected pixels >= 1, or none (no limit)")
-    return value
 
 
 if __name__ == "__main__":  # python -m imgtrain.data.shards.convert SRC DST (imgtrain-shards checks LitData first)

@@ -10,6 +10,7 @@ the converter writes (`manifest.FIELDS`), whatever a shard's index asks for (eng
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -27,15 +28,18 @@ from imgtrain.data import batched, decoders
 from imgtrain.data.datasets import DatasetBundle, imagenet_transforms, triple
 from imgtrain.data.decoders import DECODE_ERRORS, decode_bytes, error_reason
 from imgtrain.data.image_files import CorruptSampleError
-from imgtrain.data.jpeg import EncodedJpeg, jpeg_problem
+from imgtrain.data.jpeg import EncodedJpeg, checked_frame
 from imgtrain.data.loader import LoaderPlan
 from imgtrain.data.samplers import sample_seed
 from imgtrain.data.samples import GuardedSamples, Sample, Uncropped, seeded
+from imgtrain.data.scaled_decode import Reduced, decode_for_crop
 from imgtrain.data.shards import engine
 from imgtrain.data.shards.loader import ShardLoader
 from imgtrain.data.shards.manifest import FIELDS, SPLITS, Manifest, check_files, read_manifest
 from imgtrain.data.shards.store import Location, Store, redact
 from imgtrain.data.streamed import StreamedSplit
+
+log = logging.getLogger(__name__)
 
 
 class ShardError(RunError):
@@ -46,7 +50,7 @@ class ShardError(RunError):
 class Record:
     """One sample as the converter stored it."""
 
-    data: bytes  # the image file's bytes, as they were
+    data: bytes  # the image file's bytes, as they were (or, packed with --max-side, the downscaled JPEG's)
     label: int
     name: str  # <dataset root>:<path under the converted folder>, for messages and the unreadable-files list
 
@@ -55,7 +59,8 @@ class ShardSplit(StreamingDataset, StreamedSplit):
     """One split of a converted dataset. LitData calls `__getitem__` in the worker for each sample of its order;
     this returns the folder path's `loader.Sample`: (image, label, unreadable files met, stage seconds).
     `samples`: how many the converter stored (the manifest's count), whatever LitData deals out; `max_pixels`:
-    dataset.max_image_pixels, checked in each image's header before it is decoded (or handed to nvJPEG)."""
+    dataset.max_image_pixels, checked in each image's header before it is decoded (or handed to nvJPEG);
+    `scaled`: dataset.scaled_decode (data/scaled_decode.py)."""
 
     def __init__(
         self,
@@ -67,6 +72,7 @@ class ShardSplit(StreamingDataset, StreamedSplit):
         cache: dict,
         samples: int,
         max_pixels: int | None = MAX_IMAGE_PIXELS,
+        scaled: bool = False,
     ) -> None:
         url = location.join(split)
         super().__init__(
@@ -78,6 +84,7 @@ class ShardSplit(StreamingDataset, StreamedSplit):
         )
         self.url, self.root, self.image_transform, self.gpu_decode = url, location.url, transform, gpu_decode
         self._samples, self.max_pixels = samples, max_pixels
+        self.scaled = scaled  # dataset.scaled_decode: JPEGs at reduced scale where the crop allows
         # Set by ShardLoader before its workers start: training (augmentation seeds, replacing unreadable images)
         # or validation (dropping them), and whether samples are timed (data.stage_timings).
         self.train, self.timed = False, True
@@ -179,21 +186,26 @@ class ShardSplit(StreamingDataset, StreamedSplit):
     def _decode(self, record: Record, seed: int | None) -> tuple[Any, float, float]:
         """(image, decode seconds, augment seconds): uint8 [3, S, S], or the undecoded JPEG with decode=cuda."""
         if self.gpu_decode:  # the GPU decodes and transforms whole batches (gpu_decode.py)
-            problem = jpeg_problem(record.data, self.max_pixels)
-            if problem:
-                raise CorruptSampleError(record.name, problem)
+            frame = checked_frame(record.data, self.max_pixels)
+            if isinstance(frame, str):
+                raise CorruptSampleError(record.name, frame)
             data = torch.frombuffer(bytearray(record.data), dtype=torch.uint8)
-            return EncodedJpeg(data, record.name, seed), 0.0, 0.0
+            return EncodedJpeg(data, record.name, seed, frame.orientation), 0.0, 0.0
         started = time.perf_counter()
+        spec = batched.spec_of(self.image_transform)
         try:
             data = torch.frombuffer(bytearray(record.data), dtype=torch.uint8)
-            raw = decode_bytes(data, record.name, self.max_pixels)
+            if self.scaled and spec is not None:
+                raw = decode_for_crop(data, record.name, self.max_pixels, seed, spec)
+            else:
+                raw = decode_bytes(data, record.name, self.max_pixels)
         except DECODE_ERRORS as error:
             raise CorruptSampleError(record.name, error_reason(error)) from None
         decoded = time.perf_counter()
-        spec = batched.spec_of(self.image_transform)
         if spec is not None:  # cropped, resized and flipped with the whole batch by `collate` (data/samples.py)
-            return Uncropped(raw, seed, spec, self.augment_on), decoded - started, 0.0
+            full = raw.full if isinstance(raw, Reduced) else None
+            raw = raw.image if isinstance(raw, Reduced) else raw
+            return Uncropped(raw, seed, spec, self.augment_on, full), decoded - started, 0.0
         transform = self.image_transform
         image = (transform(raw) if seed is None else seeded(seed, transform, raw)).contiguous()
         return image, decoded - started, time.perf_counter() - decoded
@@ -224,6 +236,7 @@ def build_shards(
     random_erasing: float = 0.0,
     val_image_size: int | None = None,
     max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+    scaled_decode: bool = False,
 ) -> DatasetBundle:
     """The converted dataset at `root`, checked before any step: the store answers, the manifest is there and every
     shard has the size the converter wrote (one line naming what is wrong otherwise)."""
@@ -235,6 +248,7 @@ def build_shards(
     manifest: Manifest = read_manifest(store)
     for split in SPLITS:
         check_files(store, manifest, split)
+    log.info("dataset.root=%s: %s", location.url, manifest.packed())  # e.g. at --max-side 512: what training sees
     chosen = imagenet_transforms(
         image_size,
         val_resize,
@@ -255,6 +269,7 @@ def build_shards(
             cache=_cache(location, split, cache_dir, cache_limit_gb, timeout_s),
             samples=manifest.splits[split].samples,
             max_pixels=max_image_pixels,
+            scaled=scaled_decode,
         )
         for split in SPLITS
     )

@@ -36,6 +36,9 @@ FIELDS = {"index": "int", "label": "int", "path": "str", "image": "bytes"}
 # The index settings that choose code besides `data_format`, as the converter leaves them.
 _PLAIN = {"compression": None, "encryption": None, "item_loader": "PyTreeLoader"}
 _UPDATED_AT = re.compile(r"\d+(\.\d+)?")  # LitData names a cache folder after it: a timestamp, nothing else
+# How images were packed (`imgtrain-shards --max-side`, downscale.MaxSide.packing), as a manifest or partial file
+# records it; this is every image as its file's bytes, and what a manifest written before --max-side means.
+UNPACKED: dict[str, int | None] = {"max_side": None, "max_side_quality": None}
 
 
 def file_name(name: object, where: str) -> str:
@@ -56,10 +59,12 @@ _KINDS = {int: "a whole number", str: "text", list: "a list", dict: "a mapping"}
 
 @dataclass
 class SplitFiles:
-    """One split as written: its samples and every file's size in bytes (LitData's index included)."""
+    """One split as written: its samples, every file's size in bytes (LitData's index included), and how many of
+    its images were stored downscaled (--max-side)."""
 
     samples: int
     files: dict[str, int]
+    downscaled: int = 0
 
     @classmethod
     def read(cls, raw: object, split: str, where: str) -> SplitFiles:
@@ -70,9 +75,13 @@ class SplitFiles:
         for name, size in raw["files"].items():
             file_name(name, where)
             _check_type(size, int, f"the size of {split}/{name}", where)
-        if raw["samples"] < 0 or INDEX not in raw["files"]:
-            raise RunError(f"{where}: the {split} split lists no {INDEX} or a negative sample count")
-        return cls(raw["samples"], dict(raw["files"]))
+        _check_type(raw.setdefault("downscaled", 0), int, f"the {split} split's downscaled count", where)
+        if raw["samples"] < 0 or INDEX not in raw["files"] or not 0 <= raw["downscaled"] <= raw["samples"]:
+            raise RunError(
+                f"{where}: the {split} split lists no {INDEX}, a negative sample count or more images downscaled "
+                "than samples"
+            )
+        return cls(raw["samples"], dict(raw["files"]), raw["downscaled"])
 
     @property
     def bytes(self) -> int:
@@ -91,12 +100,29 @@ class Manifest:
     chunk_bytes: int
     splits: dict[str, SplitFiles] = field(default_factory=dict)
     unreadable: dict[str, str] = field(default_factory=dict)  # source file -> why it was left out
+    max_side: int | None = None  # --max-side: None (and in a manifest written before it), every image as its bytes
+    max_side_quality: int | None = None  # the JPEG quality of the images downscaled, with max_side
     format: str = FORMAT
     version: int = VERSION
 
     @property
     def fingerprint(self) -> str:
         return self.source["fingerprint"]
+
+    @property
+    def packing(self) -> dict[str, int | None]:
+        return {"max_side": self.max_side, "max_side_quality": self.max_side_quality}
+
+    def packed(self) -> str:
+        """How the images were packed, for the converter's report and the run's log."""
+        if self.max_side is None:
+            return f"packed {describe_packing(self.packing)}"
+        shrunk = sum(files.downscaled for files in self.splits.values())
+        total = sum(files.samples for files in self.splits.values())
+        return (
+            f"packed at --max-side {self.max_side} ({shrunk:,} of {total:,} images downscaled, JPEG quality "
+            f"{self.max_side_quality})"
+        )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -126,6 +152,7 @@ class Manifest:
             (self.chunk_bytes, int, "chunk_bytes"),
             (self.unreadable, dict, "unreadable"),
             (splits, dict, "splits"),
+            *((value, int, what) for what, value in self.packing.items() if value is not None),
         ):
             _check_type(value, kind, what, where)
         for value, what in (
@@ -140,6 +167,13 @@ class Manifest:
         return self
 
 
+def describe_packing(packing: dict[str, Any]) -> str:
+    """`packing` (a Manifest's, a partial file's, or MaxSide's) in words, for the converter's lines."""
+    if packing.get("max_side") is None:
+        return "as the source files' bytes (no --max-side)"
+    return f"at --max-side {packing['max_side']} (JPEG quality {packing.get('max_side_quality')})"
+
+
 def _parsed(text: str, where: str) -> Any:
     """`text` as JSON; a ValueError saying only what is wrong ("nested too deeply to parse", "not valid JSON: ..."),
     for the caller's line that names the file (json.loads: a RecursionError when nested 100,000 deep)."""
@@ -151,7 +185,8 @@ def _parsed(text: str, where: str) -> Any:
 
 def read_partial(text: str, where: str) -> dict[str, Any]:
     """The partial file of an unfinished conversion: {"fingerprint", "root", "done": {split: SplitFiles},
-    "unreadable": {path: reason}}, every value checked; one line naming it otherwise."""
+    "unreadable": {path: reason}, "packing": {...}} (UNPACKED when absent), every value checked; one line naming it
+    otherwise."""
     try:
         state = _parsed(text, where)
         if not isinstance(state, dict):
@@ -161,6 +196,7 @@ def read_partial(text: str, where: str) -> dict[str, Any]:
             (state.setdefault("root", ""), str, "root"),
             (state.setdefault("done", {}), dict, "done"),
             (state.setdefault("unreadable", {}), dict, "unreadable"),
+            (state.setdefault("packing", dict(UNPACKED)), dict, "packing"),
         ):
             _check_type(value, kind, what, where)
         unknown = sorted(set(state["done"]) - set(SPLITS))
