@@ -28,6 +28,9 @@ GPU_TESTS = {
         f"{SYNC}[decode_cuda]",
     ),
     "device crop and erasing": (f"{A}test_device_crop_and_erasing_match_the_cpu_within_rounding", f"{SYNC}[shapes]"),
+    "EXIF on nvJPEG, scaled JPEGs cropped on the device": (
+        "tests/test_scaled_decode.py::test_on_a_gpu_nvjpeg_turns_exif_and_the_device_crops_scaled_images",
+    ),
     "the default path": (f"{SYNC}[default]",),
     "mixup/EMA": (f"{SYNC}[recipe]",),
     "compile and CUDA graphs": (

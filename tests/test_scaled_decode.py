@@ -192,3 +192,23 @@ def test_files_scaled_decoding_does_not_apply_to_decode_as_before(tmp_path: Path
     with pytest.raises(DECODE_ERRORS) as error:
         decode_bytes(as_tensor(bytes(damaged)), "p")
     assert "\n" not in error_reason(error.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: run `make test-gpu` on a GPU")
+def test_on_a_gpu_nvjpeg_turns_exif_and_the_device_crops_scaled_images(photos: list[str]) -> None:
+    """dataset.decode=cuda: nvJPEG's image of the EXIF-rotated photo turned upright as TorchCodec's; and a batch
+    decoded at reduced scale, cropped on the device (data.augment_on=device), as the full decode cropped there."""
+    cuda = torch.device("cuda", 0)
+    files = EncodedFileDataset(photos, [0, 1, 2, 3], list("abcd"), None)
+    batch = collate(GuardedSamples(files, replace=False).__getitems__([2]))
+    decoded = JpegBatchDecoder(lambda image: image)(batch, cuda).images[0].cpu()
+    full = decode_bytes(as_tensor(Path(photos[2]).read_bytes()), "p")
+    assert decoded.shape == full.shape and (decoded.float() - full.float()).abs().mean() < 2.0
+    transform = imagenet_transforms(SIZE, mean=(0.5, 0.5, 0.5))[0]
+    items, outputs = [(i % 3, 1000 + i) for i in range(6)], []
+    for scaled in (False, True):
+        dataset = ImageFileDataset(photos, [0, 1, 2, 3], list("abcd"), transform, scaled=scaled)
+        raw = collate(GuardedSamples(dataset, augment_on=AugmentOn.device).__getitems__(items)).images
+        outputs.append(raw.to(cuda).resampled().float().cpu())
+    assert (outputs[1] - outputs[0]).abs().mean(dim=(1, 2, 3)).max() < 6.0
