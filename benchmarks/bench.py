@@ -30,7 +30,11 @@ Sections, in one invocation on this machine (`--only` picks some, e.g. `--only g
                 and mode=loader, on the CPU with a tiny model: 500x375 JPEGs (224-px crops, rrc_flip and
                 trivialaugment) and shapes at 32 px, 3 epochs a run, interleaved rounds (3; --repeats): images/s, the
                 ratio per round, PSS peak, epoch-start stall, first batch, data wait (benchmarks/threads_train.py;
-                24 runs a round; skipped in one line without torchdata).
+                24 runs a round; skipped in one line without torchdata);
+  big-photos    the training loader on 6- and 12-MP photos and ImageNet-sized JPEGs: the full decode, scaled decoding
+                (dataset.scaled_decode) and shards packed at --max-side 512, on one core and with 2 workers, training
+                and validation, interleaved rounds (3; --repeats), and the goals judged (benchmarks/big_photos.py;
+                about 10 minutes on 2 cores, the ImageNet-sized rows at least 2 s each).
 The GPU sections run only where CUDA is available, otherwise their rows say "not measured". Every GPU row
 measures at least 200 steady-state steps. Every figure comes from a real run's metrics.json (or the bare
 loop's or timm's output, or, for the kernel sections, this process's clock); nothing is estimated. Results go
@@ -59,6 +63,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+import big_photos  # noqa: E402  (benchmarks/big_photos.py)
 import gpu_rows  # noqa: E402  (benchmarks/gpu_rows.py: the GPU rows' overrides, shared with gpu_check.py)
 import kernels  # noqa: E402  (benchmarks/kernels.py)
 import photos  # noqa: E402  (benchmarks/photos.py)
@@ -491,6 +496,7 @@ SECTIONS = ("overhead", "modes", "workers", "breakdown", "checkpoint", "gpu-ceil
 SECTIONS += ("decode-cpu", "resize-kernels")  # benchmarks/kernels.py
 SECTIONS += ("augment-loaders", "recipe-cost")  # benchmarks/recipes.py
 SECTIONS += ("threads",)  # benchmarks/threads_train.py
+SECTIONS += ("big-photos",)  # benchmarks/big_photos.py
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -498,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="few steps and one repeat: a smoke test, not figures")
     parser.add_argument("--only", help=f"comma-separated sections to run (default: all): {', '.join(SECTIONS)}")
     parser.add_argument(
-        "--repeats", type=int, help="interleaved runs each: overhead 5, checkpoint and threads 3; quick: 1"
+        "--repeats", type=int, help="interleaved runs each: overhead 5, checkpoint, threads and big-photos 3; quick: 1"
     )
     parser.add_argument("--workdir", type=Path, help="datasets and run directories (default: a temporary dir)")
     parser.add_argument("--json", type=Path, help="results file (default: benchmarks/results/<date>.json)")
@@ -554,13 +560,15 @@ def main(argv: list[str] | None = None) -> int:
         report["recipe_cost"] = recipes.recipe_cost(bench, 1 if args.quick else (args.repeats or 3))
     if "threads" in only:
         report["threads"] = threads_train.threads(bench, 1 if args.quick else (args.repeats or 3))
+    if "big-photos" in only:
+        report["big_photos"] = big_photos.section(workdir, args.quick, args.repeats or 3)
     stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M%S")
     json_path = args.json or ROOT / "benchmarks" / "results" / f"{stamp}.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     from render import render  # benchmarks/render.py
 
-    text = render(report, json_path) + "\n".join(threads_train.render(report))
+    text = render(report, json_path) + "\n".join([*threads_train.render(report), *big_photos.render(report)])
     markdown_path = args.markdown or ROOT / "BENCHMARKS.md"
     with open(markdown_path, "a") as f:
         f.write(text)

@@ -69,6 +69,10 @@ def test_quick_benchmark_runs_every_section(tmp_path: Path) -> None:
     assert "### CPU JPEG decode" in text and "### Crop-and-resize kernels" in text
     assert "### Augmentation policies: our training loader against timm" in text
     assert "### Cost of mixup/cutmix and EMA per step" in text
+    photos = {(row["set"], row["use"], row["method"]) for row in report["big_photos"]["rows"]}
+    assert {("6mp", "train", "scaled"), ("imagenet", "val", "full")} <= photos
+    assert all(row["images_per_sec"] > 0 for row in report["big_photos"]["rows"])
+    assert "### Big photos" in text and "- photos, scaled >= 1.3x the full decode:" in text
 
 
 def test_only_runs_the_sections_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
