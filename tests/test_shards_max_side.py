@@ -7,17 +7,21 @@ from __future__ import annotations
 import io
 import json
 import logging
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image, ImageOps
 from shardhelpers import pack
 
 pytest.importorskip("litdata", reason="dataset=shards needs the shards extra: pip install -e '.[shards]'")
 
+from imgtrain.data.datasets import train_transform  # noqa: E402
+from imgtrain.data.samples import Uncropped  # noqa: E402
 from imgtrain.data.shards import convert as converter  # noqa: E402
-from imgtrain.data.shards.dataset import ShardSplit, build_shards  # noqa: E402
+from imgtrain.data.shards.dataset import Record, ShardSplit, build_shards  # noqa: E402
 from imgtrain.data.shards.downscale import QUALITY, MaxSide, target_size  # noqa: E402
 from imgtrain.data.shards.manifest import MANIFEST, PARTIAL, Manifest  # noqa: E402
 from imgtrain.data.shards.store import Location  # noqa: E402
@@ -216,3 +220,40 @@ def test_deep_images_are_scaled_not_clipped_and_sizes_round() -> None:
     difference = np.abs(pixels(MaxSide(128).shrunk(big)) - np.asarray(expected, np.int32))
     assert difference.shape == (128, 85, 3) and difference.mean() < 3, difference.mean()
     assert (target_size(300, 200, 128), target_size(1000, 1, 10), target_size(7, 7, 3)) == ((128, 85), (10, 1), (3, 3))
+
+
+def test_shards_decode_a_photo_at_reduced_scale_for_its_crop(photos: Path, tmp_path: Path) -> None:
+    """dataset.scaled_decode on shards: a stored 300x200 JPEG is decoded at a reduced scale for a 32-px crop and left
+    Uncropped with its sample's seed and its full upright size (the batch's crop is drawn on that); off, in full."""
+    assert pack(photos, tmp_path / "out") == 0
+    record = Record(jpeg(quadrants(300, 200), orientation=6), 0, "turned.jpg")
+    cache = {"dir": None, "limit": None, "timeout_s": 5.0}
+    for scaled, full in ((True, (300, 200)), (False, None)):
+        split = ShardSplit(
+            Location.parse(str(tmp_path / "out")), "train", train_transform(32), gpu_decode=False, cache=cache,
+            samples=5, scaled=scaled,
+        )  # fmt: skip
+        uncropped, *_ = split._decode(record, 7)
+        assert isinstance(uncropped, Uncropped) and uncropped.seed == 7 and uncropped.full == full, uncropped
+        height, width = uncropped.image.shape[1:]
+        assert height * 2 == width * 3  # upright: 200 wide, 300 high at any scale
+        assert (height < 300) == scaled  # 1/2 to 1/8 for the box this seed draws; in full without it
+
+
+def test_the_converter_packs_after_this_process_ran_parallel_kernels(photos: Path, tmp_path: Path) -> None:
+    """LitData forks the converter's workers. A parent that had run a multi-threaded kernel left the children a
+    thread pool they could not use: their first decode waited forever. Each worker now runs on one thread. (An
+    alarm fails this test after 2 minutes instead of stalling the suite.)"""
+    image = torch.randint(0, 256, (1, 3, 1200, 1600), dtype=torch.uint8)
+    torch.nn.functional.avg_pool2d(image.float(), 8)  # a parallel kernel in this process, before the fork
+
+    def too_long(signum: int, frame: object) -> None:
+        raise TimeoutError("the conversion did not finish in 120 s")
+
+    previous = signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(120)
+    try:
+        assert pack(photos, tmp_path / "out") == 0
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

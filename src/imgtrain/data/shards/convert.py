@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import litdata
+import torch
 from tqdm import tqdm
 
 from imgtrain.common.errors import ConfigError, RunError
@@ -73,8 +74,14 @@ class PackImage:
     ) -> None:
         self.root, self.report_dir, self.done, self.max_pixels = root, report_dir, done, max_pixels
         self.max_side, self.shrunk = max_side, shrunk
+        self.parent = os.getpid()
 
     def __call__(self, item: tuple[int, str, int]) -> dict | None:
+        if os.getpid() != self.parent and torch.get_num_threads() != 1:
+            # In LitData's forked worker, before its first decode: one intra-op thread, as torch's DataLoader sets in
+            # its workers. A parent that had already run a parallel kernel (OpenMP's pool started) left a pool the
+            # child cannot use: the child's first multi-threaded op waited forever (seen in the test suite)
+            torch.set_num_threads(1)
         index, relative, label = item
         path = self.root / relative
         try:
