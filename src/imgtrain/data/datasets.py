@@ -189,9 +189,7 @@ def file_bundle(
     return bundle(dataset(train, train_tf), dataset(val, val_tf), classes, **_bundle_keys(name, image_size, mean, std))
 
 
-def _file_dataset(
-    name: str, decode: str | None, max_pixels: int | None, classes: list[str], scaled: bool = False
-) -> Callable:
+def _file_dataset(name: str, decode: str | None, max_pixels: int | None, classes: list[str], scaled: bool) -> Callable:
     """How a `Split` and its transform become a Dataset of image files."""
     if decode == "cuda":  # nvJPEG decodes on the GPU: no CPU decoder needed
         return lambda split, transform: EncodedFileDataset(*split, classes, transform, max_pixels)

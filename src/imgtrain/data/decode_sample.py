@@ -30,7 +30,7 @@ import torch
 from imgtrain.data.batched import CropSpec
 from imgtrain.data.decoders import DECODE_ERRORS, decode_bytes, read_file
 from imgtrain.data.image_files import EncodedFileDataset, ImageFileDataset
-from imgtrain.data.jpeg import JpegFrame, jpeg_frame
+from imgtrain.data.jpeg import jpeg_header
 from imgtrain.data.samplers import sample_seed
 from imgtrain.data.scaled_decode import decode_for_crop
 from imgtrain.data.shards.downscale import MaxSide
@@ -41,7 +41,6 @@ EXAMINED = 4 * FILES  # files read at most while looking for JPEGs (a folder of 
 BUDGET_S = 3.0  # no file is started after this many seconds once MIN_FILES are timed
 LIMIT_S = 10.0  # nor after this many before that (100-MP photos take about 1 s a file, shrinking included)
 MAX_SIDE = 512  # the --max-side prescribed: imgtrain-shards' documented example for 224-px crops
-_JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 def packing_side(crop: int | None) -> int:
@@ -84,8 +83,8 @@ def _time_file(
     path, (sample, spec) = dataset.path(index), crop
     try:
         data = read_file(path)
-        frame = jpeg_frame(memoryview(data.numpy())) if bytes(data[:3].numpy()) == _JPEG_MAGIC else None
-        if not isinstance(frame, JpegFrame):
+        frame = jpeg_header(memoryview(data.numpy()))
+        if frame is None:
             return None
         shrunk = MaxSide(side).shrunk(data.numpy().tobytes(), dataset.max_pixels)
     except DECODE_ERRORS:

@@ -25,7 +25,7 @@ from PIL import Image, UnidentifiedImageError
 
 from imgtrain.common.errors import ConfigError, first_line
 from imgtrain.config.datasets import MAX_IMAGE_PIXELS
-from imgtrain.data.jpeg import JpegFrame, jpeg_frame, too_many_pixels
+from imgtrain.data.jpeg import JPEG_MAGIC, JpegFrame, jpeg_header, too_many_pixels
 from imgtrain.host.optional import LOAD_ERRORS
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ _SOURCE_LOCATION = re.compile(r"^\w+, \S+:\d+, ")
 TORCHVISION_DECODERS_DEPRECATED = (0, 29)  # torchvision.io's image decoders are deprecated from this release on
 # The formats torchvision.io.decode_image reads, by their first bytes (its own check raises the RuntimeError it
 # also raises for a damaged file): JPEG, PNG, GIF, WebP.
-_TORCHVISION_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a")
+_TORCHVISION_MAGIC = (JPEG_MAGIC, b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a")
 _ORIENTATION_TAG = 0x0112  # EXIF's
 # An ISO-BMFF file's brands (bytes 8-12, after "ftyp") that phones write for HEVC-coded stills (HEIC, Apple's
 # default); not the generic mif1 and msf1, which AVIF files (read by Pillow) may carry too
@@ -176,10 +176,9 @@ def decode_bytes(data: torch.Tensor, path: str, max_pixels: int | None = MAX_IMA
     `max_pixels` (dataset.max_image_pixels; None: no limit) raises OversizedImage without being decoded: a decoder
     believes what a header claims, 60000 x 60000 in 333 bytes included."""
     view = memoryview(data.numpy())
-    frame = jpeg_frame(view) if view[:3] == b"\xff\xd8\xff" else None
-    if isinstance(frame, JpegFrame):  # its frame header, found without PIL
-        _check_size(frame.width, frame.height, max_pixels)
-        return _decoded(data, None)
+    frame = jpeg_header(view)
+    if frame is not None:  # its frame header, found without PIL
+        return decode_jpeg(data, frame, max_pixels)
     if view[4:8] == b"ftyp" and bytes(view[8:12]) in _HEIF_BRANDS:
         raise ValueError(
             f"a HEIC/HEIF image (brand {bytes(view[8:12]).decode()}), which neither TorchCodec nor Pillow decodes: "
@@ -188,6 +187,13 @@ def decode_bytes(data: torch.Tensor, path: str, max_pixels: int | None = MAX_IMA
     with _pil_opened(data) as image:  # PIL reads the header only, until the pixels are asked for
         _check_size(*image.size, max_pixels)
         return _decoded(data, image)
+
+
+def decode_jpeg(data: torch.Tensor, frame: JpegFrame, max_pixels: int | None = MAX_IMAGE_PIXELS) -> torch.Tensor:
+    """A JPEG's bytes whose frame header is read (`jpeg.jpeg_header`) decoded in full, as `decode_bytes` does:
+    refused above `max_pixels` without being decoded."""
+    _check_size(frame.width, frame.height, max_pixels)
+    return _decoded(data, None)
 
 
 def _check_size(width: int, height: int, max_pixels: int | None) -> None:
@@ -244,13 +250,15 @@ def pil_rgb(image: Image.Image) -> torch.Tensor:
     convert would clip it to 255: a 16-bit gradient comes out white), any other converted by PIL."""
     if image.mode in _DEEP_MODES:
         levels = torch.from_numpy(to_uint8(np.asarray(image)))
-        return upright(levels.expand(3, *levels.shape).contiguous(), _orientation(image))
+        return upright(levels.expand(3, *levels.shape).contiguous(), pil_orientation(image))
     array = np.asarray(image if image.mode == "RGB" else image.convert("RGB"), dtype=np.uint8)
-    return upright(torch.from_numpy(array.copy()).permute(2, 0, 1), _orientation(image))
+    return upright(torch.from_numpy(array.copy()).permute(2, 0, 1), pil_orientation(image))
 
 
-def _orientation(image: Image.Image) -> int:
-    """The EXIF orientation (1-8) a PIL image carries (a TIFF's, WebP's or PNG's, or a JPEG from a user's code)."""
+def pil_orientation(image: Image.Image) -> int:
+    """The EXIF orientation (1-8) a PIL image carries (a TIFF's, WebP's or PNG's, or a JPEG from a user's code),
+    read from the opened file (PIL keeps a TIFF's outside `info`, and images made from it do not share it); 1, the
+    pixels as stored, for a damaged EXIF block or another value."""
     try:
         value = image.getexif().get(_ORIENTATION_TAG, 1)
     except (OSError, ValueError, SyntaxError):  # a damaged EXIF block: the pixels as stored

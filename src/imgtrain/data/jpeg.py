@@ -55,6 +55,7 @@ class EncodedBatch(NamedTuple):
 # Start-of-frame markers (baseline, extended, progressive, lossless; Huffman or arithmetic coded).
 _SOF_MARKERS = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _START_OF_SCAN, _END_OF_IMAGE = 0xDA, b"\xff\xd9"
+JPEG_MAGIC = b"\xff\xd8\xff"  # a JPEG's first bytes: the start-of-image marker, then another marker
 _APP1, _EXIF, _ORIENTATION_TAG = 0xE1, b"Exif\x00\x00", 0x0112  # the EXIF segment, and its orientation's tag
 
 
@@ -71,6 +72,13 @@ class JpegFrame(NamedTuple):
     def upright_size(self) -> tuple[int, int]:
         """(height, width) once turned upright: EXIF orientations 5-8 swap the sides."""
         return (self.width, self.height) if self.orientation >= 5 else (self.height, self.width)
+
+
+def jpeg_header(data: bytes | bytearray | memoryview) -> JpegFrame | None:
+    """The frame header of a file that starts as a JPEG does (its start-of-image marker and a marker after it),
+    when its markers read; None for any other file, and for a JPEG whose markers do not (its decoder then says why)."""
+    frame = jpeg_frame(data) if bytes(data[:3]) == JPEG_MAGIC else None
+    return frame if isinstance(frame, JpegFrame) else None
 
 
 def too_many_pixels(width: int, height: int, max_pixels: int | None) -> str | None:

@@ -24,7 +24,7 @@ from imgtrain.data import batched, policies, resample, stages
 from imgtrain.data.image_files import CorruptSampleError
 from imgtrain.data.jpeg import EncodedBatch, EncodedJpeg
 from imgtrain.data.policies import seeded
-from imgtrain.data.scaled_decode import Reduced
+from imgtrain.data.scaled_decode import Reduced, with_full_size
 
 # data.augment_on=auto: a batch of one image size goes to the device uncropped when its images hold at most this
 # many times the pixels of the crops: up to 2x the crops' bytes through shared memory, pinning and PCIe, for a
@@ -276,7 +276,7 @@ class GuardedSamples(Dataset):
         samples = [self._guarded((_index_of(item), _seed_of(item)), decoded) for item in items]
         for i, (image, label, skipped, times) in enumerate(samples):
             if image is not None:  # cropped, resized and flipped with the whole batch by `collate`
-                image, full = (image.image, image.full) if isinstance(image, Reduced) else (image, None)
+                image, full = with_full_size(image)
                 samples[i] = (Uncropped(image, _seed_of(items[i]), spec, self.augment_on, full), label, skipped, times)
         return samples
 

@@ -30,15 +30,14 @@ from PIL import Image
 
 from imgtrain.data import batched
 from imgtrain.data.batched import CropSpec
-from imgtrain.data.decoders import OversizedImage, decode_bytes, upright
-from imgtrain.data.jpeg import JpegFrame, jpeg_frame, too_many_pixels
+from imgtrain.data.decoders import OversizedImage, decode_bytes, decode_jpeg, upright
+from imgtrain.data.jpeg import JpegFrame, jpeg_header, too_many_pixels
 from imgtrain.data.policies import uniforms
 
 # Optional: found by name, so that a machine without it (the GPU box's fixed environment) decodes with PIL's draft
 simplejpeg = importlib.import_module("simplejpeg") if importlib.util.find_spec("simplejpeg") else None
 
 DENOMINATORS = (8, 4, 2)  # libjpeg-turbo's power-of-two scales, largest reduction first
-_JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 class Reduced(NamedTuple):
@@ -47,6 +46,11 @@ class Reduced(NamedTuple):
 
     image: torch.Tensor
     full: tuple[int, int]
+
+
+def with_full_size(decoded: torch.Tensor | Reduced) -> tuple[torch.Tensor, tuple[int, int] | None]:
+    """(the image, its full (height, width) where it was decoded smaller, else None): what an Uncropped holds."""
+    return (decoded.image, decoded.full) if isinstance(decoded, Reduced) else (decoded, None)
 
 
 def binding() -> str:
@@ -77,20 +81,20 @@ def decode_for_crop(
     """An image file's bytes decoded for `spec`'s crop: a JPEG the crop needs fewer pixels of at reduced scale
     (Reduced), anything else as `decode_bytes` decodes it (errors included: a damaged file raises its usual one)."""
     view = memoryview(data.numpy())
-    frame = jpeg_frame(view) if view[:3] == _JPEG_MAGIC else None
-    if not isinstance(frame, JpegFrame) or frame.components not in (1, 3):  # CMYK/YCCK: the full decoder's colours
+    frame = jpeg_header(view)
+    if frame is None:  # another format, or markers that do not read: as before, the decoder's error included
         return decode_bytes(data, path, max_pixels)
     height, width = frame.upright_size
-    d = denominator(height, width, seed, spec)
-    if d == 1:
-        return decode_bytes(data, path, max_pixels)
+    d = denominator(height, width, seed, spec) if frame.components in (1, 3) else 1  # CMYK/YCCK: in full
+    if d == 1:  # the header already read: decoded in full without reading it again
+        return decode_jpeg(data, frame, max_pixels)
     too_large = too_many_pixels(math.ceil(frame.width / d), math.ceil(frame.height / d), max_pixels)
     if too_large:
         raise OversizedImage(f"{too_large} at 1/{d} scale; not decoded")
     try:
         image = _scaled(view, frame, d)
     except (ValueError, OSError):  # what libjpeg-turbo refuses at reduced scale, the full decoder names
-        return decode_bytes(data, path, max_pixels)
+        return decode_jpeg(data, frame, max_pixels)
     return Reduced(upright(image, frame.orientation), (height, width))
 
 

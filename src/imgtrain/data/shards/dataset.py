@@ -32,7 +32,7 @@ from imgtrain.data.jpeg import EncodedJpeg, checked_frame
 from imgtrain.data.loader import LoaderPlan
 from imgtrain.data.samplers import sample_seed
 from imgtrain.data.samples import GuardedSamples, Sample, Uncropped, seeded
-from imgtrain.data.scaled_decode import Reduced, decode_for_crop
+from imgtrain.data.scaled_decode import decode_for_crop, with_full_size
 from imgtrain.data.shards import engine
 from imgtrain.data.shards.loader import ShardLoader
 from imgtrain.data.shards.manifest import FIELDS, SPLITS, Manifest, check_files, read_manifest
@@ -83,6 +83,7 @@ class ShardSplit(StreamingDataset, StreamedSplit):
             serializers=engine.serializers(set(FIELDS.values())),
         )
         self.url, self.root, self.image_transform, self.gpu_decode = url, location.url, transform, gpu_decode
+        self.batch_crop = batched.spec_of(transform)  # None: a transform applied per sample (read once, not per one)
         self._samples, self.max_pixels = samples, max_pixels
         self.scaled = scaled  # dataset.scaled_decode: JPEGs at reduced scale where the crop allows
         # Set by ShardLoader before its workers start: training (augmentation seeds, replacing unreadable images)
@@ -192,7 +193,7 @@ class ShardSplit(StreamingDataset, StreamedSplit):
             data = torch.frombuffer(bytearray(record.data), dtype=torch.uint8)
             return EncodedJpeg(data, record.name, seed, frame.orientation), 0.0, 0.0
         started = time.perf_counter()
-        spec = batched.spec_of(self.image_transform)
+        spec = self.batch_crop
         try:
             data = torch.frombuffer(bytearray(record.data), dtype=torch.uint8)
             if self.scaled and spec is not None:
@@ -203,9 +204,8 @@ class ShardSplit(StreamingDataset, StreamedSplit):
             raise CorruptSampleError(record.name, error_reason(error)) from None
         decoded = time.perf_counter()
         if spec is not None:  # cropped, resized and flipped with the whole batch by `collate` (data/samples.py)
-            full = raw.full if isinstance(raw, Reduced) else None
-            raw = raw.image if isinstance(raw, Reduced) else raw
-            return Uncropped(raw, seed, spec, self.augment_on, full), decoded - started, 0.0
+            image, full = with_full_size(raw)
+            return Uncropped(image, seed, spec, self.augment_on, full), decoded - started, 0.0
         transform = self.image_transform
         image = (transform(raw) if seed is None else seeded(seed, transform, raw)).contiguous()
         return image, decoded - started, time.perf_counter() - decoded

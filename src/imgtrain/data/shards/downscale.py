@@ -22,7 +22,7 @@ import numpy as np
 from PIL import ExifTags, Image, ImageMode, ImageOps
 
 from imgtrain.config.datasets import MAX_IMAGE_PIXELS
-from imgtrain.data.decoders import pil_guard, to_uint8
+from imgtrain.data.decoders import pil_guard, pil_orientation, to_uint8
 
 # JPEG quality of a downscaled image (libjpeg's 1-100 scale; --max-side-quality's default): a high setting, so the
 # artefacts of this second encoding stay small next to what augmentation changes (benchmarks/photos.py writes its
@@ -75,7 +75,7 @@ def target_size(width: int, height: int, side: int) -> tuple[int, int]:
 
 def downscaled(image: Image.Image, side: int, quality: int = QUALITY) -> bytes:
     """`image` (opened, not yet decoded) with its longer side `side`, upright, as JPEG bytes."""
-    orientation = _orientation(image)
+    orientation = pil_orientation(image)
     size = target_size(*image.size, side)  # in the stored orientation: a transposition swaps it, keeping `side`
     drafted = image.draft("RGB", (size[0] * _DRAFT_GAP, size[1] * _DRAFT_GAP))  # JPEG only; else None
     box = drafted[1] if drafted else None  # the original's extent in the reduced image (its last pixel may be part)
@@ -99,13 +99,3 @@ def _rgb(image: Image.Image) -> Image.Image:
     if ImageMode.getmode(image.mode).typestr not in ("|u1", "|b1"):  # not 8-bit or 1-bit samples
         return Image.fromarray(to_uint8(np.asarray(image))).convert("RGB")
     return image if image.mode == "RGB" else image.convert("RGB")
-
-
-def _orientation(image: Image.Image) -> int:
-    """The EXIF orientation (1-8) of `image`, from the opened file: PIL keeps a TIFF's outside `info`, and the
-    images made from it do not share it. A damaged EXIF block or another value: 1, the pixels as stored."""
-    try:
-        value = image.getexif().get(ExifTags.Base.Orientation, 1)
-    except (OSError, ValueError, SyntaxError):
-        return 1
-    return value if isinstance(value, int) and 1 <= value <= 8 else 1
