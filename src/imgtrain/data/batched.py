@@ -164,7 +164,12 @@ def image_boxes(
     widths = np.array([image.shape[-1] for image in images], dtype=np.int64)
     if full is None:
         return random_boxes(heights, widths, draws, spec)
-    boxes = random_boxes(full[:, 0], full[:, 1], draws, spec)
+    return map_boxes(random_boxes(full[:, 0], full[:, 1], draws, spec), full, heights, widths)
+
+
+def map_boxes(boxes: np.ndarray, full: np.ndarray, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """Boxes [B, 4] (top, left, height, width) drawn on the `full` sizes [B, 2] moved onto images of these sizes,
+    on their pixel grid (`_mapped`): the one mapping both the workers and the device (data/resample.py) crop."""
     rows = _mapped(boxes[:, 0], boxes[:, 2], heights / full[:, 0], heights)
     cols = _mapped(boxes[:, 1], boxes[:, 3], widths / full[:, 1], widths)
     return np.stack([rows[0], cols[0], rows[1], cols[1]], axis=1)

@@ -10,7 +10,7 @@ interpolate call per image (pytorch/vision's transforms launch several kernels p
 while they do). A flip is the column matrix reversed. The images may differ in size: they sit in a zero canvas,
 and each image's weights reach only its own pixels.
 
-The canvas is bounded (issue 29): each image is first cut to the window its weights reach (its crop box, and for
+The canvas is bounded: each image is first cut to the window its weights reach (its crop box, and for
 a centre crop the rows kept; a view, its plan's box moved by the offset, the weights the same to the bit), and the
 windows, sorted by their longer side, are resampled in chunks of at most CHUNK_BYTES of canvas. The channels are
 folded into the matmuls (columns first on [n, H*C, W], then rows on [n, H, C*size]), so no weights are broadcast
@@ -61,18 +61,19 @@ def plan_batch(
     full: np.ndarray | None = None,
 ) -> np.ndarray:
     """[B, PLAN_WIDTH] float64: what `spec` does to each image of these sizes, its random draws from its seed. An
-    image decoded at reduced scale (data/scaled_decode.py) is planned on its `full` (height, width) [B, 2], as at
-    full scale, and the plan's source coordinates scaled onto it: the same box, exactly, in its pixels."""
-    if full is not None:
-        plans = plan_batch(full[:, 0], full[:, 1], seeds, spec)
-        plans[:, 0:3] *= (heights / full[:, 0])[:, None]  # rows: start, length, source pixels per output pixel
-        plans[:, AXIS_FIELDS : AXIS_FIELDS + 3] *= (widths / full[:, 1])[:, None]  # columns: the same
-        return plans
+    image decoded at reduced scale (data/scaled_decode.py), with its `full` (height, width) [B, 2]: its training box
+    is drawn on the full size and moved onto the image's pixel grid (`batched.map_boxes`), the box the workers crop
+    (`batched.augment_batch`); validation resizes the whole image, the same at any scale, so it is planned on the
+    image's own size, as the workers resize it. Every box is whole pixels: no weighted pixel falls outside it."""
     random = spec.scale is not None or spec.flip_p > 0
     draws = batched.uniforms(seeds, batched.DRAWS) if random else None
     flips = draws[:, -1] < spec.flip_p if spec.flip_p > 0 else np.zeros(len(heights), dtype=bool)
     if spec.scale is not None:
-        top, left, height, width = batched.random_boxes(heights, widths, draws, spec).T
+        if full is None:
+            boxes = batched.random_boxes(heights, widths, draws, spec)
+        else:
+            boxes = batched.map_boxes(batched.random_boxes(full[:, 0], full[:, 1], draws, spec), full, heights, widths)
+        top, left, height, width = boxes.T
         rows = _axis(top, height, height / spec.size, 0, spec.size)
         cols = _axis(left, width, width / spec.size, 0, spec.size)
     else:
@@ -251,7 +252,9 @@ def _axis_window(axis: np.ndarray, size: int) -> np.ndarray:
     high = np.ceil(scale * (kept_last + 0.5) + support - 0.5) + 1
     low = np.where(kept_last < kept_first, 0, np.clip(low, 0, extent - 1))  # no row kept: any one pixel, weight 0
     high = np.clip(high, low + 1, extent)
-    return np.stack([start + low, start + high], axis=1).astype(np.int64)
+    # Outward to whole pixels: a plan's box may start between pixels (a fork's plan), and truncating its end would
+    # drop the last pixel it weights
+    return np.stack([np.floor(start + low), np.ceil(start + high)], axis=1).astype(np.int64)
 
 
 def crop_to_windows(images: list[torch.Tensor], plan: np.ndarray, size: int) -> tuple[list[torch.Tensor], np.ndarray]:
