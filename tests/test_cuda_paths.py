@@ -21,7 +21,7 @@ import torch
 from imgtrain.config.fields import AugmentOn
 from imgtrain.data import batched, gpu_decode, resample, samples
 from imgtrain.data.datasets import eval_transform, train_transform
-from imgtrain.data.feed import CudaPrefetcher
+from imgtrain.data.ahead import BatchesAhead
 from imgtrain.data.gpu_decode import GpuJpegBatches, JpegBatchDecoder
 from imgtrain.data.jpeg import EncodedBatch
 from imgtrain.data.samples import Batch, RawBatch, Uncropped, collate
@@ -89,8 +89,9 @@ def test_a_raw_batch_records_its_plan_on_the_training_stream(monkeypatch) -> Non
         Batch(RawBatch(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.zeros(4, 11), 6), torch.arange(4))
         for _ in range(3)
     ]
-    for batch in CudaPrefetcher(iter(raw), CPU):  # CPU: `.to` keeps the tensors, the streams are fake
-        assert batch.images.size == 6
+    with BatchesAhead(iter(raw), lambda batch: batch, CUDA, name="prefetch") as ahead:  # the copy left out
+        for batch in ahead:
+            assert batch.images.size == 6
     recorded = [(id(tensor), stream.name) for tensor, stream in fake.recorded]
     for batch in raw:
         for tensor in (batch.images.images, batch.images.plan, batch.labels):

@@ -27,7 +27,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from imgtrain.data import gpu_decode
 from imgtrain.data.datasets import EncodedFileDataset, eval_transform
 from imgtrain.data.decoders import decode_file
-from imgtrain.data.feed import CudaPrefetcher, ResidentLoader
+from imgtrain.data.ahead import prefetcher
+from imgtrain.data.feed import ResidentLoader
 from imgtrain.data.folders import list_images
 from imgtrain.data.gpu_decode import GpuJpegBatches, JpegBatchDecoder, decode_jpegs
 from imgtrain.data.jpeg import EncodedBatch
@@ -79,11 +80,12 @@ def test_prefetcher_batches_are_bit_identical_to_a_plain_copy() -> None:
         for _ in range(24)
     ]
     weight = torch.randn(2048, 2048, device=CUDA)
-    for batch, copied in zip(batches, CudaPrefetcher(iter(batches), CUDA), strict=True):
-        for _ in range(3):
-            weight = torch.tanh(weight @ weight)  # compute on the main stream while the next copy runs
-        assert copied.images.is_cuda and torch.equal(copied.images, batch.images.to(CUDA))
-        assert torch.equal(copied.labels, batch.labels.to(CUDA))
+    with prefetcher(iter(batches), CUDA) as ahead:
+        for batch, copied in zip(batches, ahead, strict=True):
+            for _ in range(3):
+                weight = torch.tanh(weight @ weight)  # compute on the main stream while the next copy runs
+            assert copied.images.is_cuda and torch.equal(copied.images, batch.images.to(CUDA))
+            assert torch.equal(copied.labels, batch.labels.to(CUDA))
 
 
 def test_device_resident_loader_matches_the_cpu_reference() -> None:

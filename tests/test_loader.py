@@ -15,10 +15,12 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 from imgtrain.config.data import DataConfig
 from imgtrain.config.validate import validate
+from imgtrain.data import loader as loader_module
 from imgtrain.data.loader import auto_num_workers, init_worker, plan_loader
 from imgtrain.data.pipeline import RunData, build_loader
 from imgtrain.data.samplers import EpochSampler, ShardSampler, sample_seed, sample_seeds
 from imgtrain.host import dist
+from imgtrain.host.cpus import CpuBudget
 from imgtrain.host.dist import DistInfo
 
 
@@ -72,6 +74,25 @@ def test_val_loader_keeps_every_sample_and_doubles_the_batch() -> None:
 )
 def test_auto_workers_share_the_cpus(cpus: int, local_world: int, expected: int) -> None:
     assert auto_num_workers(local_world, cpus=cpus) == expected
+
+
+@pytest.mark.parametrize(
+    ("device", "pin", "gpu_decode", "workers", "threads"),
+    [
+        ("cpu", True, False, 15, "1 core(s) kept for the training thread)"),
+        ("cuda", False, False, 15, "1 core(s) kept for the training thread)"),
+        ("cuda", True, False, 14, "2 core(s) kept for the training thread and the pin-memory thread)"),
+        ("cuda", True, True, 13, "3 core(s) kept for the training thread, the pin-memory thread and the GPU decode"),
+    ],
+)
+def test_auto_leaves_the_training_process_threads_their_cores(monkeypatch, device, pin, gpu_decode, workers, threads):
+    """On a GPU the training process runs the launching thread, the pin-memory thread and, with dataset.decode=cuda,
+    the decode thread: auto leaves each a core of the 16, and the verdict's next setting stays within that."""
+    monkeypatch.setattr(loader_module, "cpu_budget", lambda: CpuBudget(affinity=16, quota=None))
+    data = DataConfig(num_workers="auto", pin_memory=pin)
+    plan = plan_loader(data, train=True, device_type=device, gpu_decode=gpu_decode)
+    assert plan.kwargs["num_workers"] == workers and plan.describe()["cores_kept"] == 16 - workers
+    assert threads in plan.notes[0], plan.notes
 
 
 def test_auto_workers_note_says_how_it_was_chosen() -> None:

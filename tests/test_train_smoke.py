@@ -68,6 +68,8 @@ def test_metrics_json_holds_the_final_summary(smoke_run) -> None:
     assert metrics["images_per_sec"] > 0
     assert 0.0 <= metrics["data_wait_frac"] <= 1.0
     assert metrics["gpu_util_mean"] is None  # CPU run
+    assert 0.0 < metrics["main_thread_busy_frac"] <= 1.0  # the training thread's CPU over wall seconds
+    assert metrics["compile_mode"] is None  # eager
     assert 0.0 <= metrics["val_acc"] <= 1.0 and metrics["val_count"] == 64
     assert metrics["loader"]["batch_size"] == 32 and metrics["loader"]["num_workers"] == 1
     assert metrics["world_size"] == 1 and metrics["device"] == "cpu"

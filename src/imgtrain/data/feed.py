@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from imgtrain.common.errors import ConfigError, RunError
 from imgtrain.data import batched
+from imgtrain.data.ahead import prefetcher
 from imgtrain.data.copies import to_device
 from imgtrain.data.gpu_decode import GpuJpegBatches
 from imgtrain.data.samplers import EpochSampler
@@ -84,14 +85,16 @@ class Feed:
     @contextlib.contextmanager
     def batches(self, loader_batches: Iterator[Batch], split: str = "train") -> Iterator[Iterator[Batch]]:
         """A loader's batches, through GPU JPEG decoding in a thread (dataset.decode=cuda) or, on CUDA with
-        pinned memory, the CUDA prefetch stream. Whatever `next()` waits for counts as data wait."""
+        pinned memory, copied in a thread on the prefetch stream (data/ahead.py). Whatever `next()` waits for
+        counts as data wait, and it is the wait for the batch it returns."""
         if self.decode_transforms is not None:
             transform = self.decode_transforms[split]
             drop = split == "val"  # validation leaves unreadable images out; training replaces them
             with GpuJpegBatches(loader_batches, transform, self.device, drop=drop, timer=self.decode_timer) as decoded:
                 yield decoded
-        elif self.prefetch and split == "train":
-            yield CudaPrefetcher(loader_batches, self.device, self.copy_timer)
+        elif self.prefetch and split == "train":  # the copy of batch n+1 overlaps the step on batch n
+            with prefetcher(loader_batches, self.device, self.copy_timer) as ahead:
+                yield ahead
         else:
             yield loader_batches
 
@@ -105,49 +108,6 @@ class Feed:
             images = images.resampled()
         images = images.to(dtype=torch.float32, memory_format=self.memory_format)
         return (images - self.mean) / self.std, labels
-
-
-class CudaPrefetcher:
-    """Copy batch n+1 to the GPU on a side stream while the model works on batch n.
-
-    The copy is `non_blocking` from pinned memory, so it overlaps compute; the main stream waits on an
-    event, not on the host. Iterates Batch objects; `inner` is the DataLoader iterator (for error handling).
-    """
-
-    def __init__(self, batches: Iterator[Batch], device: torch.device, timer: StreamTimer | None = None) -> None:
-        self.inner = batches
-        self.device = device
-        self.stream = torch.cuda.Stream(device)
-        self.timer = timer or StreamTimer(device, enabled=False)
-        self.pending: Batch | None = None
-        self.started = False  # the first batch is fetched on the first next(), where errors are explained
-
-    def _load(self) -> None:
-        batch = next(self.inner, None)
-        if batch is None:
-            self.pending = None
-            return
-        with torch.cuda.stream(self.stream), self.timer.span(self.stream):
-            images = batch.images.to(self.device, non_blocking=True)
-            labels = batch.labels.to(self.device, non_blocking=True)
-        self.pending = batch._replace(images=images, labels=labels)
-
-    def __iter__(self) -> CudaPrefetcher:
-        return self
-
-    def __next__(self) -> Batch:
-        if not self.started:
-            self.started = True
-            self._load()
-        if self.pending is None:
-            raise StopIteration
-        current = torch.cuda.current_stream(self.device)
-        current.wait_stream(self.stream)  # the side stream's copy of this batch is done before the model reads it
-        batch = self.pending
-        batch.images.record_stream(current)  # its memory is not reused by the side stream too early
-        batch.labels.record_stream(current)
-        self._load()
-        return batch
 
 
 class DeviceBatches:

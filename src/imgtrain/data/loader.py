@@ -80,11 +80,27 @@ def _worker_sigterm(signum: int, frame: Any) -> None:
     signal.alarm(remaining or WORKER_GRACE_S)
 
 
-def auto_num_workers(local_world_size: int = 1, cpus: int | None = None) -> int:
-    """Workers per process: this process's share of the CPUs, minus one core for the main (training) process."""
+def auto_num_workers(local_world_size: int = 1, cpus: int | None = None, kept: int = 1) -> int:
+    """Workers per process: this process's share of the CPUs, minus the `kept` cores its own threads need
+    (`main_process_cores`)."""
     cpus = available_cpus() if cpus is None else cpus
     share = cpus // max(1, local_world_size)
-    return max(0, min(MAX_AUTO_WORKERS, share - 1))
+    return max(0, min(MAX_AUTO_WORKERS, share - kept))
+
+
+def main_process_cores(device_type: str, pinned: bool, gpu_decode: bool) -> tuple[int, str]:
+    """The cores `auto` leaves to the training process's own threads, and which threads they are: the training
+    thread (its kernel launches on a GPU); on CUDA with pinned memory the DataLoader's pin-memory thread, which
+    copies every batch into page-locked memory; with dataset.decode=cuda the decode thread, which parses each JPEG
+    on the host for nvJPEG. On one H200 (2026-11-27) 15 workers left one core of 16 to all of them, and the
+    ResNet-18 row lost 30% to slowed launches. The prefetch thread (data/ahead.py) mostly waits: no core."""
+    threads = ["the training thread"]
+    if device_type == "cuda" and pinned:
+        threads.append("the pin-memory thread")
+    if device_type == "cuda" and gpu_decode:
+        threads.append("the GPU decode thread")
+    named = threads[0] if len(threads) == 1 else ", ".join(threads[:-1]) + " and " + threads[-1]
+    return len(threads), named
 
 
 def init_worker(worker_id: int, seed_workers: bool = True) -> None:
@@ -110,6 +126,7 @@ class LoaderPlan:
     stage_timings: bool = True  # data.stage_timings: each batch carries its stage seconds
     augment_on: AugmentOn = AugmentOn.workers  # effective value: auto is the workers' off CUDA
     threads: bool = False  # data.engine=threads with num_workers > 0: loader threads make the batches (data/threads.py)
+    cores_kept: int = 1  # for the training process's own threads (main_process_cores): what `auto` leaves them
 
     def describe(self) -> dict[str, Any]:
         """JSON-friendly view of the arguments (for logs, metrics.json and TensorBoard hparams)."""
@@ -120,18 +137,22 @@ class LoaderPlan:
         shown["prefetch_to_device"] = self.prefetch_to_device
         shown["augment_on"] = str(self.augment_on)
         shown["engine"] = str(LoaderEngine.threads if self.threads else LoaderEngine.dataloader)
+        shown["cores_kept"] = self.cores_kept
         return shown
 
 
-def resolve_workers(data: DataConfig, local_world_size: int = 1) -> tuple[int, str | None]:
+def resolve_workers(
+    data: DataConfig, local_world_size: int = 1, device_type: str = "cpu", gpu_decode: bool = False
+) -> tuple[int, str | None]:
     """data.num_workers as a count, with the line saying how `auto` (or `tune`, before its probe) chose it."""
     if data.num_workers not in (AUTO, TUNE):
         return data.num_workers, None
     cpus = cpu_budget()  # tune: the probe before training replaces auto's count (its fallback)
-    workers = auto_num_workers(local_world_size, cpus.usable)
+    kept, threads = main_process_cores(device_type, data.pin_memory, gpu_decode)
+    workers = auto_num_workers(local_world_size, cpus.usable, kept)
     return workers, (
         f"data.num_workers={data.num_workers} -> {workers} ({cpus.usable} CPUs available to this process, set by "
-        f"{cpus.limited_by}; {local_world_size} process(es) on this node, one core kept for the training process)"
+        f"{cpus.limited_by}; {local_world_size} process(es) on this node, {kept} core(s) kept for {threads})"
         + (" until the probe before training chooses" if data.num_workers == TUNE else "")
     )
 
@@ -146,14 +167,16 @@ def plan_loader(
     local_world_size: int = 1,
     process_group: bool = False,
     engine: LoaderEngine | None = None,
+    gpu_decode: bool = False,
 ) -> LoaderPlan:
     """Resolve `auto` values and drop options PyTorch would reject, noting each change in one line. `workers` and
     `engine`: decided elsewhere (the ranks' agreement, num_workers=tune) in place of data.num_workers, data.engine
     (data.engine=tune plans the DataLoader until the probe chose).
-    `process_group`: the run joined one (torchrun), so workers do not start by fork (see FORKSERVER)."""
+    `process_group`: the run joined one (torchrun), so workers do not start by fork (see FORKSERVER).
+    `gpu_decode`: dataset.decode=cuda, whose decode thread `auto` leaves a core."""
     notes: list[str] = []
     if workers is None:
-        workers, note = resolve_workers(data, local_world_size)
+        workers, note = resolve_workers(data, local_world_size, device_type, gpu_decode)
         notes += [note] if note else []
     kwargs: dict[str, Any] = {
         "batch_size": data.batch_size if train else (data.val_batch_size or 2 * data.batch_size),
@@ -192,6 +215,7 @@ def plan_loader(
         stage_timings=data.stage_timings,
         augment_on=_augment_on(data.augment_on, device_type),
         threads=threads,
+        cores_kept=main_process_cores(device_type, kwargs["pin_memory"], gpu_decode)[0],
     )
 
 

@@ -50,6 +50,7 @@ class RunData:
     device_type: str
     seed: int  # train.seed
     streamed: bool = False  # dataset=shards: LitData's loader
+    gpu_decode: bool = False  # dataset.decode=cuda: `auto` leaves its decode thread a core
     # a DataLoader, a StreamedLoader (dataset=shards), a ResidentLoader (data.device_resident) or DeviceBatches
     # (mode=compute); None until num_workers=tune's probe chose the count (`build_train`)
     train: Any = None
@@ -75,7 +76,7 @@ class RunData:
         rank 0's count (one broadcast, when the loaders are built); None where each rank's own count stands."""
         if not self.streamed or self.info.world_size == 1:
             return None
-        own, _ = resolve_workers(self.train_settings, self.info.local_world_size)
+        own, _ = resolve_workers(self.train_settings, self.info.local_world_size, self.device_type, self.gpu_decode)
         workers = dist.broadcast_plain(own, self.info)
         if workers == own:
             return None
@@ -105,6 +106,7 @@ class RunData:
             "world_size": info.world_size,
             "local_world_size": info.local_world_size,
             "process_group": info.enabled,
+            "gpu_decode": self.gpu_decode,
         }
 
     @property
@@ -276,7 +278,8 @@ def build_data(
     loader; with data.num_workers=tune in mode=train, none yet: the probe builds it with its count (build_train)."""
     seed, bundle = settings.train.seed, _open_dataset(settings, info)
     gpu_decode = decodes_on_gpu(settings, device)
-    data = RunData(bundle, settings.data, info, device.type, seed, streamed=isinstance(bundle.train, StreamedSplit))
+    streamed = isinstance(bundle.train, StreamedSplit)
+    data = RunData(bundle, settings.data, info, device.type, seed, streamed=streamed, gpu_decode=gpu_decode)
     train_plan, val_plan = data.train_plan(data.agreed_workers()), data.val_plan()
     data.loader_args = {"train": train_plan.describe(), "val": val_plan.describe()}
     _log_plans(train_plan, data.loader_args)

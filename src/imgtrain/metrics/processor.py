@@ -160,6 +160,7 @@ class Metrics:
         if steady:  # a warm-up window sends zeros: the merged figures are read for steady windows only
             perf |= {"images_per_sec": window.images_per_sec, "data_wait_frac": window.data_wait_frac}
             perf["step_time_ms"] = window.step_time_ms
+            values["perf/main_thread_busy_frac"] = window.cpu_seconds / window.seconds if window.seconds else 0.0
         self.closing = (values, steady)
         return perf
 
@@ -224,6 +225,7 @@ class Metrics:
             data_wait_frac=merged.data_wait_frac if measured else None,
             data_wait_frac_max=merged.data_wait_frac_max if measured else None,
             step_time_ms=perf["step_time_ms"],
+            main_thread_busy_frac=perf["main_thread_busy_frac"],
             measured_steps=perf.get("measured_steps", 0),
             gpu_util_mean=util,
             gpu_util_mean_per_rank=merged.gpu_util_per_rank,
@@ -277,6 +279,7 @@ class Metrics:
             "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "precision": precision,
+            "compile_mode": settings.system.compile_mode.name if settings.system.compile else None,
             "dataset": settings.dataset.name,
             "dataset_root": getattr(settings.dataset, "root", None),
             "model": model_name(settings.model),

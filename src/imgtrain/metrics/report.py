@@ -9,6 +9,7 @@ from typing import Any
 
 from imgtrain.data.loader import auto_num_workers
 from imgtrain.data.stages import WORKER_STAGES
+from imgtrain.metrics.host_bound import host_bound
 from imgtrain.metrics.spread import MIN_WINDOWS, Rate, indistinguishable, windows_needed
 
 # Above this share of step time spent waiting for data, the run is called input-bound.
@@ -32,8 +33,9 @@ def suggest_next(summary: dict[str, Any]) -> str:
     threads = loader.get("engine") == "threads"
     if threads_wait(summary) is not None:  # more threads would wait too: processes do not share the GIL
         return "data.engine=dataloader"
-    most = auto_num_workers(summary.get("local_world_size", summary["world_size"]), cpus=summary["cpu_count"])
-    if workers < most:  # the same budget as num_workers=auto: this process's CPUs minus one for training
+    ranks, kept = summary.get("local_world_size", summary["world_size"]), loader.get("cores_kept", 1)
+    most = auto_num_workers(ranks, cpus=summary["cpu_count"], kept=kept)
+    if workers < most:  # the same budget as num_workers=auto: this process's CPUs minus its own threads' cores
         return f"data.num_workers={min(max(1, 2 * workers), most)}"
     if summary["device"].startswith("cuda") and not loader["pin_memory"]:
         return "data.pin_memory=true"
@@ -75,6 +77,8 @@ def stage_advice(stage: str, summary: dict[str, Any]) -> str:
         return augment_advice(summary)
     if stage == "decode":
         return decode_advice(summary) or STAGE_ADVICE["decode"]
+    if stage == "transfer" and ((summary.get("loader") or {}).get("pin_memory") or summary.get("device") == "cpu"):
+        return STAGE_ADVICE["transfer"].removesuffix(", data.pin_memory=true")  # on already, or nothing to pin
     if stage != "read":
         return STAGE_ADVICE[stage]
     root = summary.get("dataset_root")
@@ -263,6 +267,9 @@ def _bound(summary: dict[str, Any], wait: float) -> str:
     contended = contention(summary)
     if contended:
         return contended
+    launches = host_bound(summary, wait)
+    if launches:
+        return launches
     own = _own_rate(summary)
     return f"compute-bound: only {wait:.0%} of step time waits for data; more loader workers will not help{own}"
 

@@ -34,6 +34,9 @@ class RunSummary:
     epoch_start_cost_frac: float | None
     data_wait_frac_max: float | None  # the slowest rank's
     step_time_ms: float | None
+    # the training thread's CPU seconds over the steady state's wall seconds, this process: near 1 with the GPU idle,
+    # the step is bound by the host's kernel launches (metrics/host_bound.py)
+    main_thread_busy_frac: float | None
     measured_steps: int  # steps in the steady state (after metrics.skip_first_steps)
     gpu_util_mean: float | None  # NVML, %
     gpu_util_mean_per_rank: list[float | None]
@@ -63,6 +66,7 @@ class RunSummary:
     device: str
     device_name: str
     precision: str
+    compile_mode: str | None  # system.compile_mode's name with system.compile=true; None: eager
     dataset: str
     dataset_root: str | None  # what a read-bound verdict names
     model: str

@@ -2,7 +2,9 @@
 
 The loop calls `add_step` every step with host-side timings (no GPU sync). Windows are closed only right
 after the loop has synced anyway (when it reads the loss every `log_every_n_steps`), so each window's wall
-time is exact even though individual CUDA steps are asynchronous.
+time is exact even though individual CUDA steps are asynchronous. Each window also keeps the CPU seconds the training
+thread itself ran (`time.thread_time`, one read per window): a GPU run whose thread runs nearly all the time while the
+GPU idles is bound by its kernel launches (metrics/host_bound.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class Window:
     images: int
     seconds: float
     wait_seconds: float
+    cpu_seconds: float = 0.0  # the training thread's CPU time (time.thread_time) in the window
 
     @property
     def images_per_sec(self) -> float:
@@ -46,11 +49,13 @@ class StepMeter:
     _steps: int = 0
     _images: int = 0
     _wait: float = 0.0
+    _cpu_start: float = 0.0
     _seen_steps: int = 0
 
     def start_window(self) -> None:
         """Begin a window now (call right after a sync point, or at the start of an epoch)."""
         self._start, self._steps, self._images, self._wait = time.perf_counter(), 0, 0, 0.0
+        self._cpu_start = time.thread_time()  # the loop's thread: this is called where the loop runs
 
     def add_step(self, images: int, wait_seconds: float) -> None:
         """Record one step: the images it trained on and the seconds it blocked on the DataLoader."""
@@ -68,7 +73,8 @@ class StepMeter:
         """End the current window (the caller has just synced); return it, and keep it if it is steady."""
         if self._start is None or self._steps == 0:
             return None
-        window = Window(self._steps, self._images, time.perf_counter() - self._start, self._wait)
+        cpu = time.thread_time() - self._cpu_start
+        window = Window(self._steps, self._images, time.perf_counter() - self._start, self._wait, cpu)
         self._start = None
         if self._seen_steps - self._steps >= self.warmup_steps:  # the window began after warm-up
             self.windows.append(window)
@@ -87,6 +93,7 @@ class StepMeter:
                 "step_time_ms": None,
                 "windows": [],
                 "images_per_sec_interval": None,
+                "main_thread_busy_frac": None,
             }
         seconds = sum(w.seconds for w in self.windows)
         rates = [w.images_per_sec for w in self.windows]
@@ -98,5 +105,6 @@ class StepMeter:
             "images_per_sec_interval": median_interval(rates),  # of the median; None with too few windows
             "measured_steps": sum(w.steps for w in self.windows),
             "measured_seconds": seconds,
+            "main_thread_busy_frac": sum(w.cpu_seconds for w in self.windows) / seconds,
             "windows": [round(r, 2) for r in rates],
         }
