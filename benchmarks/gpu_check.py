@@ -1,19 +1,24 @@
-"""`make gpu-check`: the GPU tests and every headline GPU figure in one call of at most 8 minutes on one H100,
-each result written the moment it exists, so a call cut short still returns what finished (docs/gpu.md).
+"""`make gpu-check`: the GPU tests and every headline GPU figure in one call of at most 5 minutes on one H200,
+each result written the moment it exists, so a call cut short still returns what finished, and a second call
+(`--only` the rows not reached) fits in the same 15 minutes of GPU time (docs/gpu.md).
 
 Sections, in order, each with its own time limit; before each part the global deadline (--deadline-s, from this
 process's start) is checked, and a part it cuts is reported as not measured, with why:
-  env    versions, the GPU, the packages that load, a bf16 matmul and an nvJPEG decode (benchmarks/gpu_env.py);
-         always runs, about 5 s;
-  data   the shapes JPEGs of r18_dataloader and the mixed-size JPEG folder (benchmarks/photos.py), generated on
-         every core in a background process while the tests run;
-  tests  the GPU tests (`pytest -m gpu`): GPU_TESTS, a stated selection covering every CUDA path, or all of
-         them with --tests all; stopped with SIGINT at the limit, so pytest still writes its JUnit XML;
-  rows   benchmarks/gpu_rows.py's check_rows: ResNet-18 at 32 px (ceiling, DataLoader, device-resident), ResNet-50
-         at 224 px (compiled ceiling, mixed JPEGs with CPU decode and with decode=cuda), the ResNet-18 ceiling with
-         CUDA graphs; each with its own limit (a row cut by it is not measured: a stopped run writes no summary).
+  env      versions, the GPU, the packages that load, a bf16 matmul and an nvJPEG decode (benchmarks/gpu_env.py);
+           always runs, about 5 s;
+  data     the shapes JPEGs of the ResNet-18 loader rows and the mixed-size JPEG folder (benchmarks/photos.py),
+           generated on every core in a background process while the tests run;
+  tests    the GPU tests (`pytest -m gpu`): GPU_TESTS, a stated selection covering every CUDA path but the compiling
+           tests (--tests all runs every one); stopped with SIGINT at the limit, so pytest still writes its JUnit XML
+           (benchmarks/gpu_parts.py);
+  rows     benchmarks/gpu_rows.py's check_rows: ResNet-50 at 224 px first (compiled ceiling, mixed JPEGs decoded on
+           the GPU and on the CPU), then ResNet-18 at 32 px (ceiling, DataLoader with auto workers and with tune's
+           choice), the CUDA-graphs ceilings and DataLoader row; each with its own limit (a row cut by it is not
+           measured: a stopped run writes no summary);
+  profile  the JPEG row furthest below its ceiling again, profiled (its top operators, its trace).
 Files in --out (at most 8, what a remote call to the GPU box returns): gpu-check.json and gpu-check.md (the table,
-rewritten after every part), gpu-check.log, pytest.log, pytest.xml, data.log, runs.tar.gz (each row's log and metrics).
+rewritten after every part), gpu-check.log, pytest.log, pytest.xml, data.log, runs.tar.gz (each row's log and
+metrics, the profile's table and trace).
 """
 
 from __future__ import annotations
@@ -33,17 +38,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import gpu_env  # benchmarks/gpu_env.py
+import gpu_parts  # benchmarks/gpu_parts.py
 import gpu_rows  # benchmarks/gpu_rows.py
 import gpu_table  # benchmarks/gpu_table.py
-import gpu_tests  # benchmarks/gpu_tests.py
 import photos  # benchmarks/photos.py
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 from imgtrain.host.cpus import available_cpus  # noqa: E402  (imports no torch)
 
-ENV_LIMIT_S, TESTS_LIMIT_S, DATA_GRACE_S = 60, 150, 20
-MIN_START_S = 15  # a part is started only with this much left before the deadline: less measures nothing
+ENV_LIMIT_S, TESTS_LIMIT_S, DATA_GRACE_S = 60, 90, 20
+MIN_START_S = gpu_parts.MIN_START_S
 
 
 class Check:
@@ -88,14 +93,16 @@ class Check:
             tmp.write_text(text)
             os.replace(tmp, self.out / name)
 
-    def run(self, argv: list[str], limit: float, log: Path, stop: int = signal.SIGTERM) -> tuple[int | None, str]:
-        """`argv` in a session of its own, output to `log`; at `limit` seconds its group gets `stop` (pytest still
-        writes its JUnit XML on SIGINT; train.py stops its workers on SIGTERM), then SIGKILL after DATA_GRACE_S.
-        (exit status, "" or how it was cut)."""
+    def run(
+        self, argv: list[str], limit: float, log: Path, stop: int = signal.SIGTERM, env: dict | None = None
+    ) -> tuple[int | None, str]:
+        """`argv` in a session of its own (`env` added to the check's), output to `log`; at `limit` seconds its group
+        gets `stop` (pytest still writes its JUnit XML on SIGINT; train.py stops its workers on SIGTERM), then
+        SIGKILL after DATA_GRACE_S. (exit status, "" or how it was cut)."""
         by = "the deadline" if limit >= self.left() else "its limit"
         with open(log, "ab") as output, stoppable_children():
-            process = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=output, stderr=subprocess.STDOUT,
-                                       start_new_session=True)  # fmt: skip
+            process = subprocess.Popen(argv, cwd=ROOT, env=self.env | (env or {}), stdout=output,
+                                       stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
             try:
                 return process.wait(timeout=max(1.0, limit)), ""
             except subprocess.TimeoutExpired:
@@ -210,47 +217,6 @@ def data_ready(check: Check, process: subprocess.Popen | None) -> dict:
     return section
 
 
-def section_tests(check: Check, packages: dict) -> dict:
-    """The GPU tests, cut by SIGINT at their limit: pytest then still writes pytest.xml with what finished."""
-    wanted = gpu_tests.selected(check.args.tests)
-    result: dict = {"selection": "all (-m gpu)" if check.args.tests == "all" else "stated", "limit_s": 0}
-    pytest_found = packages.get("pytest", {"loads": True})  # unknown when the env check failed: try
-    why = "--tests none" if check.args.tests == "none" else None
-    why = why or (None if pytest_found["loads"] else f"pytest does not load here ({pytest_found['why']})")
-    why = why or (f"the deadline ({check.args.deadline_s:.0f} s)" if check.left() < MIN_START_S else None)
-    if why:
-        return result | {"status": f"not run: {why}", "not_reached": wanted}
-    limit, started = min(check.args.tests_limit_s, check.left()), time.monotonic()
-    wanted, result["not_found"] = existing(check, wanted)
-    xml, log = check.out / "pytest.xml", check.out / "pytest.log"
-    xml.unlink(missing_ok=True)
-    argv = [*gpu_rows.python(), "-m", "pytest", "-m", "gpu", "-v", "-rs", "-p", "no:cacheprovider"]
-    argv += [f"--junitxml={xml}", *wanted]
-    left = limit - (time.monotonic() - started)
-    check.log(f"tests: {len(wanted) or 'every'} GPU test(s), {left:.0f} s left of {limit:.0f}: {' '.join(argv[1:])}")
-    status, cut = check.run(argv, left, log, stop=signal.SIGINT)
-    result |= {"limit_s": round(limit), "seconds": round(time.monotonic() - started, 1), "exit": status}
-    result |= gpu_tests.summary(xml, log, wanted)
-    result["status"] = cut or ("ran" if status in (0, 1, 5) else f"pytest ended with exit status {status}")
-    failed = ", ".join(result["failed"]) or "none failed"
-    check.log(f"tests: {result['status']}: {result['passed']} passed, {failed}, {result['skipped']} skipped")
-    return result
-
-
-def existing(check: Check, wanted: list[str]) -> tuple[list[str], list[str]]:
-    """The selected tests pytest collects here, and those it does not (renamed since the selection was written):
-    a single node id pytest cannot find would make it run none."""
-    log = check.workdir / "collect.log"
-    log.write_text("")
-    files = sorted({node.split("::")[0] for node in wanted})
-    argv = [*gpu_rows.python(), "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", *files]
-    status, _ = check.run(argv, 60, log) if wanted else (None, "")
-    found = set(gpu_tests.COLLECTED.findall(log.read_text(errors="replace")))
-    if status != 0 or not found:  # nothing to check against: the run itself says what is wrong
-        return wanted, []
-    return [node for node in wanted if node in found], [node for node in wanted if node not in found]
-
-
 def measure(check: Check, row: gpu_rows.Row, cuda: bool | None, data: dict | None) -> dict:
     """One row: its train.py run's figures, or "not measured: <why>"."""
     entry = {"key": row.key, "what": row.what, "note": row.note, "limit_s": row.limit_s}
@@ -280,11 +246,13 @@ def measure(check: Check, row: gpu_rows.Row, cuda: bool | None, data: dict | Non
     return entry | {"not_measured": f"not measured: {why[:300]}"}
 
 
-def section_rows(check: Check, cuda: bool | None, data_process: subprocess.Popen | None) -> None:
-    workers = 1 if check.args.quick else min(15, max(1, available_cpus() - 1))  # bench.py's: 15 of 16 cores
+def section_rows(check: Check, cuda: bool | None, data_process: subprocess.Popen | None) -> list[gpu_rows.Row]:
+    """The headline rows, each judged as it ends; the rows, for the profile part."""
+    workers = 1 if check.args.quick else "auto"  # auto: the cores left beside the training process's threads
     counts, side = photos.spec(check.args.quick)
     folder = photos.folder_for(check.workdir / "data" / "photos", counts, scale=side)
-    rows = gpu_rows.check_rows(check.scale, str(folder), workers)
+    chosen = check.report["sections"].get("decoders", {}).get("chosen")  # the decoder part's fastest GPU decoder
+    rows = gpu_rows.check_rows(check.scale, str(folder), workers, chosen)
     if check.args.only:
         rows = [row for row in rows if row.key in check.args.only.split(",")]
     check.report["pending"] = [row.key for row in rows]
@@ -299,14 +267,19 @@ def section_rows(check: Check, cuda: bool | None, data_process: subprocess.Popen
         check.log(f"row {row.key}: {gpu_table.brief(entry)}")
         check.save()
         archive_runs(check)
+    return rows
 
 
 def archive_runs(check: Check) -> None:
     """runs.tar.gz: each row's output.log, metrics.json and loader_args.json (not its TensorBoard events)."""
     tmp = check.out / ".runs.tar.gz.tmp"
     with tarfile.open(tmp, "w:gz") as tar:
+        kept = ("output.log", "metrics.json", "loader_args.json", "failed.json")
         for path in sorted((check.workdir / "runs").glob("*/*")):
-            if path.is_file() and path.name in ("output.log", "metrics.json", "loader_args.json", "failed.json"):
+            if path.is_file() and path.name in kept:
+                tar.add(path, arcname=str(path.relative_to(check.workdir)))
+        for path in sorted((check.workdir / "runs" / "profile" / "profile").glob("*")):  # the profiled row's
+            if path.suffix in (".txt", ".gz"):
                 tar.add(path, arcname=str(path.relative_to(check.workdir)))
     os.replace(tmp, check.out / "runs.tar.gz")
 
@@ -315,7 +288,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "gpu-check", help="where the results go")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/imgtrain-gpu-check"), help="datasets and runs")
-    parser.add_argument("--deadline-s", type=float, default=480, help="no part starts later (default 480 s)")
+    parser.add_argument("--deadline-s", type=float, default=300, help="no part starts later (default 300 s)")
     parser.add_argument("--tests", choices=("stated", "all", "none"), default="stated", help="which GPU tests")
     parser.add_argument("--tests-limit-s", type=float, default=TESTS_LIMIT_S, help="the tests' own limit")
     parser.add_argument("--only", help="comma-separated row keys to run (default: every row)")
@@ -340,10 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     check.save()
     cuda = env["machine"].get("cuda_available") if "machine" in env else None  # None: unknown, the rows try
     data_process = start_data(check, cuda)
-    check.report["sections"]["tests"] = tests = section_tests(check, env.get("packages", {}))
+    check.report["sections"]["tests"] = tests = gpu_parts.section_tests(check, env.get("packages", {}))
     check.save()
     try:
-        section_rows(check, cuda, data_process)
+        rows = section_rows(check, cuda, data_process)
+        check.report["sections"]["profile"] = gpu_parts.section_profile(check, rows)
+        archive_runs(check)
     finally:
         if data_process is not None and data_process.poll() is None:
             stop_group(data_process, signal.SIGTERM)

@@ -74,13 +74,28 @@ def brief(entry: dict) -> str:
     )
 
 
+def _loading(entry: dict) -> str:
+    """`TorchCodec ...; JPEGs at 1/2-1/8 scale ... (simplejpeg 1.9.0); 13 workers, slices of 32`: the decoder and
+    scale the row's run used (its metrics.json), its workers and their slices of a batch; the training thread's
+    busy share."""
+    parts = [entry["decoder"]] if entry.get("decoder") else []
+    if entry.get("workers") is not None:
+        slices = f", slices of {entry['worker_batch_size']}" if entry.get("worker_batch_size") else ""
+        parts.append(f"{entry['workers']} workers{slices}")
+    busy = entry.get("main_thread_busy_frac")
+    if busy is not None:
+        parts.append(f"training thread {busy:.0%} busy")
+    return "; ".join(parts) or "—"
+
+
 def row_line(entry: dict, quick: bool = False) -> str:
     shares = "; ".join(f"{_share(s['value'])} of {s['of']}" for s in entry.get("shares", [])) or "—"
     util = entry.get("gpu_util_mean")
     steps = f"{entry.get('measured_steps', '—')} of {entry['max_steps']} ({entry['log_every_n_steps']} a window)"
     what = entry["what"] + (f" ({entry['note']})" if entry.get("note") else "") + f": `{entry['command']}`"
     cells = [entry["key"], what, _rate(entry), _share(entry.get("data_wait_frac"))]
-    cells += ["n/a" if util is None else f"{util:.0f}%", _memory(entry), steps, shares, entry.get("target") or "—"]
+    cells += ["n/a" if util is None else f"{util:.0f}%", _memory(entry), _loading(entry), steps, shares]
+    cells += [entry.get("target") or "—"]
     return "| " + " | ".join(cells + ["— (quick)" if quick else _result(entry)]) + " |"
 
 
@@ -139,6 +154,11 @@ def _sections(report: dict) -> list[str]:
         lines.append(f"- Data: {data.get('error') or data.get('status', 'not started')}")
     if report.get("pending"):
         lines.append(f"- Rows still to run when this was written: {', '.join(report['pending'])}")
+    profile = report["sections"].get("profile")
+    if profile:
+        where = " (runs.tar.gz: runs/profile/)" if profile["status"] == "ran" else ""
+        lines.append(f"- Profile of the slowest JPEG row{' ' + profile['row'] if 'row' in profile else ''}: "
+                     f"{profile['status']}{where}")  # fmt: skip
     return lines
 
 
@@ -147,8 +167,8 @@ def render(report: dict) -> str:
     lines = ["", *_header(report), *_sections(report), ""]
     lines += [
         "| key | what it runs | images/s: overall / median window (its 95% interval) | data wait | GPU util "
-        "| peak GPU memory (torch / NVML) | steps measured | share | target | result |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- | --- |",
+        "| peak GPU memory (torch / NVML) | decoder, workers | steps measured | share | target | result |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- |",
     ]
     lines += [row_line(entry, report["quick"]) for entry in report["rows"]]
     lines += [

@@ -141,8 +141,9 @@ def test_the_gpu_check_rows_pass_overrides_that_compose(
     gpu_rows = importlib.import_module("gpu_rows")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     (tmp_path / "photos").mkdir()  # validate asks for the folder, which the check generates before these rows
-    rows = gpu_rows.check_rows(getattr(gpu_rows, scale), str(tmp_path / "photos"), workers=15)
-    assert [row.key for row in rows][:2] == ["r18_ceiling", "r18_dataloader"] and len(rows) == 7
+    rows = gpu_rows.check_rows(getattr(gpu_rows, scale), str(tmp_path / "photos"), "auto", gpu_decoder="torchvision")
+    assert [row.key for row in rows][:3] == ["r50_ceiling_compiled", "r50_jpeg_cuda", "r50_jpeg_cpu"]
+    assert len(rows) == 9
     for row in rows:
         cfg = compose_cfg(*row.args, output_dir=str(tmp_path / row.key))
         validate(cfg)
@@ -153,3 +154,8 @@ def test_the_gpu_check_rows_pass_overrides_that_compose(
         assert "compile_mode=reduce_overhead" in args["r18_ceiling_graphs"] and "bf16" in args["r18_ceiling"]
         assert "augment_on" not in args["r18_dataloader"]  # the default placement
         assert "dataset.decode=cuda" in args["r50_jpeg_cuda"] and "system.compile=true" in args["r50_jpeg_cpu"]
+        assert "dataset.gpu_decoder=torchvision" in args["r50_jpeg_cuda"]  # the decoder part's choice
+        assert (
+            "data.num_workers=tune" in args["r18_dataloader_tune"] and "data.num_workers=auto" in args["r18_dataloader"]
+        )
+        assert "compile_mode=reduce_overhead" in args["r18_dataloader_graphs"] and "r50" not in args["r18_dataloader"]
