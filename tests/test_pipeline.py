@@ -3,6 +3,7 @@ that names a stage (or CPU contention), and `data.num_workers=tune`."""
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from pathlib import Path
 
@@ -268,3 +269,34 @@ def test_the_model_alone_is_timed_with_its_interval_after_training(tmp_path: Pat
     pipeline = read_metrics(tmp_path)["pipeline"]
     low, high = pipeline["compute_images_per_sec_interval"]  # at least 6 steps, each a sample
     assert 0 < low <= pipeline["compute_images_per_sec"] <= high
+
+
+def test_fed_tune_keeps_the_fewest_workers_tied_with_the_fastest_training() -> None:
+    """On a GPU each count is timed training on its own loader: workers that slow the launching thread lose, and
+    of the counts noise cannot tell apart the fewest is kept."""
+    contended = {w: _rounds(r, 2.0) for w, r in [(0, 300.0), (2, 500.0), (4, 502.0), (8, 420.0)]}
+    chosen, reason, separated = tune.fed_choice(contended)
+    assert chosen == 2 and not separated and "tied within noise with [4]" in reason
+    assert tune.fed_choice({w: _rounds(r, 2.0) for w, r in [(1, 300.0), (2, 500.0), (4, 420.0)]})[0] == 2
+
+
+@pytest.mark.slow  # 4 probes a round, each a fraction of a second, a few rounds
+def test_a_gpu_runs_tune_times_training_on_each_loader_and_keeps_fewer_workers(monkeypatch) -> None:
+    """The launching thread's contention, played on the CPU: each training step costs 4 ms per live worker
+    process, so the loader alone is fastest with the most workers, training with the fewest."""
+    monkeypatch.setattr(tune, "cpu_budget", lambda: CpuBudget(affinity=2, quota=None))
+    settings = validate(compose_cfg(*FAST, "data.batch_size=8", "data.tune_budget_s=4"))
+    feed = Feed(torch.device("cpu"), torch.zeros(1, 3, 1, 1), torch.ones(1, 3, 1, 1), torch.contiguous_format, False)
+    info = dist.DistInfo(rank=0, local_rank=0, world_size=1, local_world_size=1)
+    steps: list[int] = []
+
+    def train(images: torch.Tensor, labels: torch.Tensor) -> None:
+        steps.append(images.shape[0])
+        time.sleep(0.004 * len(multiprocessing.active_children()))
+
+    plan = lambda workers, engine=None: plan_loader(  # noqa: E731
+        settings.data, train=True, device_type="cpu", workers=workers, engine=engine
+    )
+    tuned = tune.tune_workers(Images(0.0), settings, plan, feed, info, lambda s: Rate(300.0, None, 1), train)
+    assert steps and tuned["chosen"] == 0, tuned["table"]
+    assert "each timed training on its own loader" in tuned["reason"]

@@ -121,7 +121,14 @@ class ModelProbe:
     def _step(self) -> None:
         """The training loop's own step (optim.Step), on the batch already on the device: mixing, forward, loss,
         backward, update and the EMA's, as the loop takes it."""
-        model, step, images, labels = self.parts
+        _, _, images, labels = self.parts
+        self.step_on(images, labels)
+
+    def step_on(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """One training step of the copy on a loader's batch (data.num_workers=tune on a GPU: each worker count
+        timed training on its own batches), with no sync."""
+        self.ready()
+        model, step, _, _ = self.parts
         self.steps += 1
         mixed, targets = step.mix(images, labels, self.steps)
         _, loss = step.forward(model, mixed, targets)

@@ -281,7 +281,8 @@ def _tune_workers(
         return
     model_rate.ready()  # compiled and warmed up before the tuning clock starts
     try:
-        tuned = tune.tune_workers(data.bundle.train, settings, data.train_plan, data.feed, info, model_rate)
+        fed = model_rate.step_on if device.type == "cuda" else None  # on a GPU: each count timed training (tune.py)
+        tuned = tune.tune_workers(data.bundle.train, settings, data.train_plan, data.feed, info, model_rate, fed)
     except (RuntimeError, OSError) as error:  # a probe's workers failed: training would say why, with its count
         log.warning("data.num_workers=tune: the probe failed (%s); keeping auto's count", one_line(error))
         data.build_train(data.loader_args["train"]["num_workers"])  # the count planned before the probe

@@ -42,9 +42,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def loader_rate(dataset: Any, plan: LoaderPlan, feed: Feed, seconds: float, info: dist.DistInfo, seed: int) -> float:
+def loader_rate(
+    dataset: Any,
+    plan: LoaderPlan,
+    feed: Feed,
+    seconds: float,
+    info: dist.DistInfo,
+    seed: int,
+    train: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+) -> float:
     """Images/s the training loader delivers onto the device with `plan`, over the second half of `seconds`
-    after its first batch: start-up is left out, and so are the batches the workers had ready at the start."""
+    after its first batch: start-up is left out, and so are the batches the workers had ready at the start.
+    `train(images, labels)`: a training step on each batch (a GPU run's probe, `fed`): the rate is then training's,
+    fed by this loader, with whatever its workers take from the thread that launches the step."""
     loader = build_loader(dataset, plan, train=True, seed=seed, rank=info.rank, world_size=info.world_size)
     check_batches(loader, dataset, plan.kwargs["batch_size"], info.world_size)  # a split smaller than one batch
     batches = iter(loader)
@@ -54,11 +64,15 @@ def loader_rate(dataset: Any, plan: LoaderPlan, feed: Feed, seconds: float, info
             started = time.perf_counter()
             arrivals: list[tuple[float, int]] = []
             for batch in ready:
-                images, _ = feed.to_model(batch)
+                images, labels = feed.to_model(batch)
+                if train is not None:
+                    train(images, labels)
                 arrivals.append((time.perf_counter() - started, images.shape[0]))
                 if arrivals[-1][0] >= seconds:
                     break
             _sync(feed.device)
+            if train is not None and arrivals:  # the last step's time is when the GPU finished it
+                arrivals[-1] = (time.perf_counter() - started, arrivals[-1][1])
     finally:
         stop_workers(batches)  # persistent workers too: the probe's workers must not outlive it
     late = [(t, n) for t, n in arrivals if t >= seconds / 2]
@@ -139,6 +153,20 @@ def choose(candidates: dict[Any, Rate], compute: Rate) -> tuple[Any, str, bool]:
     return chosen, why, separated
 
 
+def fed_choice(candidates: dict[Any, Rate]) -> tuple[Any, str, bool]:
+    """Each count timed training on its own loader: the fewest workers that noise cannot tell apart from the fastest
+    training rate (more workers than that only take cores from the launching thread and memory). Separated when
+    the fastest stands alone, its interval clear of every other."""
+    leader = max(candidates, key=lambda key: (candidates[key].median, -_cost(key)))
+    tied = [key for key, rate in candidates.items() if key == leader or indistinguishable(rate, candidates[leader])]
+    chosen = min(tied, key=_cost)
+    separated = len(tied) == 1 and candidates[leader].interval is not None
+    others = [key.label(engines=True) if isinstance(key, Candidate) else key for key in tied if key != chosen]
+    ties = f", tied within noise with {others}" if others else ""
+    why = f"the fewest workers training as fast as the fastest, each timed training on its own loader{ties}"
+    return chosen, why, separated
+
+
 def _cost(key: Any) -> float:
     """A candidate's place in the cost order, as one number (ints: worker counts alone)."""
     return key.workers + 0.5 * key.processes if isinstance(key, Candidate) else key
@@ -162,6 +190,7 @@ def tune_workers(
     feed: Feed,
     info: dist.DistInfo,
     model_rate: Callable[[float], Rate],
+    fed: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> dict[str, Any]:
     """Probe the model alone and the training loader at `worker_counts` of this rank's CPU share, in interleaved
     rounds, and choose (each rank for itself) once the choice is separated or data.tune_budget_s is spent.
@@ -172,6 +201,9 @@ def tune_workers(
     probes the model, then each count, for the same time: a machine that slows down during tuning slows every
     candidate alike. A probe gives one sample per round; after `MIN_WINDOWS` rounds each candidate has a 95%
     interval (metrics/spread.py).
+    With `fed` (a training step on a batch: a GPU run's), each count is timed training on its loader's batches
+    (`fed_choice`): on one H200 15 workers slowed the thread that launches the step by 30% (2026-11-27), which a
+    loader timed alone never shows, so fewer workers can train faster than more.
     Returns the probe table, the model's rate, the chosen count, why and how sure, for loader_args.json and
     metrics.json.
     """
@@ -192,12 +224,12 @@ def tune_workers(
         compute.append(model_rate(seconds).median)
         for key in samples:
             rate = loader_rate(
-                dataset, plan(key.workers, key.engine), feed, seconds, info, settings.train.seed + rounds
+                dataset, plan(key.workers, key.engine), feed, seconds, info, settings.train.seed + rounds, fed
             )
             samples[key].append(rate)
         rounds += 1
         candidates = {key: Rate.of(rates) for key, rates in samples.items()}
-        chosen, reason, separated = choose(candidates, Rate.of(compute))
+        chosen, reason, separated = fed_choice(candidates) if fed else choose(candidates, Rate.of(compute))
         spent, last_round = time.perf_counter() - started, time.perf_counter() - round_started
         if (separated and rounds >= MIN_WINDOWS) or spent + last_round > budget:
             break
