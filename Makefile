@@ -36,7 +36,7 @@ help: ## List the targets
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -e ".[shards,search,threads,timm,dev]"
+	$(BIN)/python -m pip install -e ".[shards,search,threads,timm,gpu-decode,dev]"
 	@touch $(STAMP)
 
 install: $(STAMP) ## Create .venv (if missing) and install the project with every optional engine and its dev tools

@@ -41,6 +41,14 @@ class Decode(Choice):
     cuda = "cuda"  # workers read bytes; the GPU decodes whole batches (nvJPEG)
 
 
+class GpuDecoder(Choice):
+    """What decodes with dataset.decode=cuda. The default stays torchvision's until a GPU measurement (make
+    gpu-check's decoder part, benchmarks/gpu_decoders.py) says nvImageCodec's region decode is faster."""
+
+    torchvision = "torchvision"  # decode_jpeg(device='cuda'): nvJPEG's hardware engine, whole images
+    nvimgcodec = "nvimgcodec"  # nvImageCodec: only each sample's crop region; the gpu-decode extra
+
+
 @dataclass
 class DatasetConfig:
     """Fields every dataset has. `_target_` is the builder that `hydra.utils.instantiate` calls."""
@@ -145,6 +153,8 @@ class ImageFolderConfig(DatasetConfig):
     # torchvision's ResNet-50 recipe: 176-px training crops, 232-px resize, 224-px validation crops
     val_image_size: int | None = checked(None, at_least(8, note="pixels", null="image_size"))
     decode: Decode = Decode.cpu
+    # with decode=cuda, what decodes: torchvision's until a GPU measurement chooses (make gpu-check's decoder part)
+    gpu_decoder: GpuDecoder = GpuDecoder.torchvision
     # a file whose header claims more pixels is unreadable (counted against data.max_bad_samples), never decoded;
     # PIL's own guard follows it. Default: PIL's limit (89.5 MP); null = no limit
     max_image_pixels: int | None = checked(MAX_IMAGE_PIXELS, at_least(1, note="pixels", null="no limit"))
@@ -175,6 +185,8 @@ class ShardsConfig(DatasetConfig):
     # torchvision's ResNet-50 recipe: 176-px training crops, 232-px resize, 224-px validation crops
     val_image_size: int | None = checked(None, at_least(8, note="pixels", null="image_size"))
     decode: Decode = Decode.cpu
+    # with decode=cuda, what decodes: torchvision's until a GPU measurement chooses (make gpu-check's decoder part)
+    gpu_decoder: GpuDecoder = GpuDecoder.torchvision
     # a file whose header claims more pixels is unreadable (counted against data.max_bad_samples), never decoded;
     # PIL's own guard follows it. Default: PIL's limit (89.5 MP); null = no limit
     max_image_pixels: int | None = checked(MAX_IMAGE_PIXELS, at_least(1, note="pixels", null="no limit"))

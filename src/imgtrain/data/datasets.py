@@ -167,6 +167,7 @@ def file_bundle(
     mean: Any,
     std: Any,
     decode: str | None = None,
+    gpu_decoder: str | None = None,  # with decode=cuda, the feed's choice (data/region_decode.py), not the dataset's
     max_image_pixels: int | None = MAX_IMAGE_PIXELS,
     scaled_decode: bool = False,
     transforms: tuple[Any, Any] | None = None,

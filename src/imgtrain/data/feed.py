@@ -21,10 +21,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from imgtrain.common.errors import ConfigError, RunError
+from imgtrain.config.datasets import GpuDecoder
 from imgtrain.data import batched
 from imgtrain.data.ahead import prefetcher
 from imgtrain.data.copies import to_device
 from imgtrain.data.gpu_decode import GpuJpegBatches
+from imgtrain.data.region_decode import batch_decoder
 from imgtrain.data.samplers import EpochSampler
 from imgtrain.data.samples import Batch, GuardedSamples, RawBatch, collate
 from imgtrain.data.stages import StreamTimer
@@ -48,6 +50,7 @@ class Feed:
     non_blocking: bool  # pinned host memory: the copy need not wait for the GPU
     prefetch: bool = False  # CUDA: copy the next batch on a side stream (data.prefetch_to_device)
     decode_transforms: dict[str, Any] | None = None  # dataset.decode=cuda: each split's transform, run on the GPU
+    gpu_decoder: GpuDecoder = GpuDecoder.torchvision  # dataset.gpu_decoder: what decodes them there
     copy_timer: StreamTimer | None = None  # times the host-to-device copies (CUDA events)
     decode_timer: StreamTimer | None = None  # dataset.decode=cuda: times the decode stream's work per batch
 
@@ -62,6 +65,7 @@ class Feed:
         prefetch: bool,
         gpu_decode: bool,
         timed: bool = True,
+        gpu_decoder: GpuDecoder = GpuDecoder.torchvision,
     ) -> Feed:
         """The feed for `bundle`'s normalisation; `prefetch` needs pinned memory (from pageable memory an
         asynchronous copy is a synchronous one), which the loader plan already checked."""
@@ -80,6 +84,7 @@ class Feed:
             decode_transforms=transforms,
             copy_timer=StreamTimer(device, timed),
             decode_timer=StreamTimer(device, timed and gpu_decode),
+            gpu_decoder=gpu_decoder,
         )
 
     @contextlib.contextmanager
@@ -90,7 +95,10 @@ class Feed:
         if self.decode_transforms is not None:
             transform = self.decode_transforms[split]
             drop = split == "val"  # validation leaves unreadable images out; training replaces them
-            with GpuJpegBatches(loader_batches, transform, self.device, drop=drop, timer=self.decode_timer) as decoded:
+            decoder = batch_decoder(self.gpu_decoder, transform, drop)
+            with GpuJpegBatches(
+                loader_batches, transform, self.device, drop=drop, timer=self.decode_timer, decoder=decoder
+            ) as decoded:
                 yield decoded
         elif self.prefetch and split == "train":  # the copy of batch n+1 overlaps the step on batch n
             with prefetcher(loader_batches, self.device, self.copy_timer) as ahead:

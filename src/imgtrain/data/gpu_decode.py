@@ -10,7 +10,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -49,11 +49,13 @@ class GpuJpegBatches:
         depth: int = 2,
         drop: bool = False,
         timer: StreamTimer | None = None,
+        decoder: Callable[[Batch, torch.device], Batch] | None = None,
     ) -> None:
         self.inner = batches
         self.device = device
         self.timer = timer or StreamTimer(device, enabled=False)
-        self.decoder = JpegBatchDecoder(transform, drop=drop)
+        # dataset.gpu_decoder's (data/region_decode.py: batch_decoder); torchvision's by default
+        self.decoder = decoder or JpegBatchDecoder(transform, drop=drop)
         self.ready: queue.Queue = queue.Queue(maxsize=depth)
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._decode_all, name="gpu-jpeg-decode", daemon=True)
@@ -171,7 +173,7 @@ class JpegBatchDecoder:
             turns = zip(decoded, encoded.orientations.tolist(), strict=True)
             decoded = [upright(image, o) if isinstance(image, torch.Tensor) else image for image, o in turns]
         failed = tuple((batch.sources[i], why) for i, why in enumerate(decoded) if isinstance(why, str))
-        take, seeded = self._selection(decoded, batch.sources)
+        take, seeded = readable_selection(decoded, batch.sources, self.drop)
         labels = batch.labels if not failed else batch.labels[torch.as_tensor(take, dtype=torch.long)]
         images = self._transform([decoded[i] for i in take], encoded.seeds.numpy()[seeded]) if take else None
         return batch._replace(
@@ -181,22 +183,6 @@ class JpegBatchDecoder:
             sources=tuple(batch.sources[i] for i in take),
         )
 
-    def _selection(self, decoded: list[torch.Tensor | str], sources: tuple[str, ...]) -> tuple[list[int], list[int]]:
-        """(the decoded image each output takes, the sample whose seed crops it). An unreadable file is left out
-        (`drop`: validation) or replaced by the next readable image of the batch, with its label, cropped by the
-        replaced sample's seed (training: the batch keeps its shape)."""
-        good = [i for i, image in enumerate(decoded) if isinstance(image, torch.Tensor)]
-        if self.drop or len(good) == len(decoded):
-            return good, good
-        if not good:
-            raise RunError(
-                f"no image of a batch of {len(decoded)} could be decoded on the GPU (e.g. {sources[0]}: "
-                f"{decoded[0]}): check the files, or use dataset.decode=cpu"
-            )
-        readable = set(good)
-        take = [i if i in readable else next((j for j in good if j > i), good[0]) for i in range(len(decoded))]
-        return take, list(range(len(decoded)))
-
     def _transform(self, images: list[torch.Tensor], seeds: np.ndarray) -> torch.Tensor:
         """The batch as the split's transform makes it: float in 0..255 (the per-image fallback: uint8)."""
         if self.spec is None:
@@ -204,3 +190,22 @@ class JpegBatchDecoder:
         # Each sample's box and flip from its seed (exact on a resume), its size from the decoded shape
         plan = resample.plan_batch(*resample.sizes_of(images), seeds, self.spec)
         return resample.resample_images(images, plan, self.spec.size)  # in chunks of windows: bounded memory
+
+
+def readable_selection(
+    decoded: list[torch.Tensor | str], sources: tuple[str, ...], drop: bool
+) -> tuple[list[int], list[int]]:
+    """(the decoded image each output takes, the sample whose seed crops it). An unreadable file (its reason, a
+    string) is left out (`drop`: validation) or replaced by the next readable image of the batch, with its label,
+    cropped by the replaced sample's seed (training: the batch keeps its shape)."""
+    good = [i for i, image in enumerate(decoded) if isinstance(image, torch.Tensor)]
+    if drop or len(good) == len(decoded):
+        return good, good
+    if not good:
+        raise RunError(
+            f"no image of a batch of {len(decoded)} could be decoded on the GPU (e.g. {sources[0]}: "
+            f"{decoded[0]}): check the files, or use dataset.decode=cpu"
+        )
+    readable = set(good)
+    take = [i if i in readable else next((j for j in good if j > i), good[0]) for i in range(len(decoded))]
+    return take, list(range(len(decoded)))

@@ -22,13 +22,14 @@ from torch.utils.data import DataLoader
 from imgtrain.common.atomic import write_json
 from imgtrain.common.errors import ConfigError
 from imgtrain.config.data import DataConfig, LoaderEngine
-from imgtrain.config.datasets import AugmentPolicy, Decode
+from imgtrain.config.datasets import AugmentPolicy, Decode, GpuDecoder
 from imgtrain.config.fields import TUNE
 from imgtrain.config.schema import Config, Mode
 from imgtrain.data.datasets import DatasetBundle
 from imgtrain.data.failures import stop_workers
 from imgtrain.data.feed import DeviceBatches, Feed, build_resident
 from imgtrain.data.loader import LoaderPlan, plan_loader, resolve_workers, train_sampler
+from imgtrain.data.region_probe import import_codec
 from imgtrain.data.samplers import EpochSampler, ShardSampler
 from imgtrain.data.samples import GuardedSamples, collate
 from imgtrain.data.streamed import StreamedLoader, StreamedSplit
@@ -232,7 +233,14 @@ def decodes_on_gpu(settings: Config, device: torch.device) -> bool:
         )
     if gpu_decode and settings.data.device_resident:
         raise ConfigError("dataset.decode=cuda and data.device_resident=true do not combine: choose one")
+    if gpu_decode and settings.mode != Mode.compute and gpu_decoder(settings) == GpuDecoder.nvimgcodec:
+        import_codec()  # the gpu-decode extra: one line before any batch if it is missing
     return gpu_decode and settings.mode != Mode.compute
+
+
+def gpu_decoder(settings: Config) -> GpuDecoder:
+    """dataset.gpu_decoder, where the dataset has one (those with dataset.decode)."""
+    return getattr(settings.dataset, "gpu_decoder", GpuDecoder.torchvision)
 
 
 def _streamed(data: DataConfig, info: dist.DistInfo) -> DataConfig:
@@ -315,6 +323,7 @@ def build_data(
         prefetch=train_plan.prefetch_to_device and settings.mode != Mode.compute,
         gpu_decode=gpu_decode,
         timed=settings.data.stage_timings,
+        gpu_decoder=gpu_decoder(settings),
     )
     save_loader_args(data, info, out_dir)
     return data

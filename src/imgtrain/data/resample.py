@@ -261,12 +261,19 @@ def crop_to_windows(images: list[torch.Tensor], plan: np.ndarray, size: int) -> 
     """Each image cut to its window (a view) and its plan row's box moved by the window's offset: the weights are
     the same numbers on the window's pixels (integer positions, exact in float32) and the window holds all the
     nonzero ones, so the output is the same; the canvas holds windows instead of whole images."""
-    bounds = windows(plan, size)
+    bounds, shifted = plan_in_windows(plan, size)
     cut = [image[..., top:bottom, left:right] for image, (top, bottom, left, right) in zip(images, bounds, strict=True)]
+    return cut, shifted
+
+
+def plan_in_windows(plan: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each plan row's window, `windows`; the plan with each box moved by its window's offset): the plan of the
+    windows alone, for a decoder that decodes only them (data/region_decode.py)."""
+    bounds = windows(plan, size)
     shifted = plan.copy()
     shifted[:, 0] -= bounds[:, 0]
     shifted[:, AXIS_FIELDS] -= bounds[:, 2]
-    return cut, shifted
+    return bounds, shifted
 
 
 def window_canvas(images: list[torch.Tensor], plan: np.ndarray, size: int) -> tuple[torch.Tensor, np.ndarray]:

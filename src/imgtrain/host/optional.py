@@ -34,6 +34,7 @@ ENGINES = {
         Engine("torchdata", "torchdata", "threads"),  # data.engine=threads
         Engine("timm", "timm", "timm"),  # model=timm
         Engine("huggingface_hub", "huggingface_hub", "timm"),  # model=timm model.pretrained=true: its weights' cache
+        Engine("nvidia.nvimgcodec", "nvidia-nvimgcodec-cu13", "gpu-decode"),  # dataset.gpu_decoder=nvimgcodec
     )
 }
 # What fails when a module cannot be used: missing (ImportError), or a compiled library that does not load with

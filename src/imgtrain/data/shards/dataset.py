@@ -237,6 +237,7 @@ def build_shards(
     val_image_size: int | None = None,
     max_image_pixels: int | None = MAX_IMAGE_PIXELS,
     scaled_decode: bool = False,
+    gpu_decoder: str | None = None,  # with decode=cuda, the feed's choice (data/region_decode.py), not the split's
 ) -> DatasetBundle:
     """The converted dataset at `root`, checked before any step: the store answers, the manifest is there and every
     shard has the size the converter wrote (one line naming what is wrong otherwise)."""
