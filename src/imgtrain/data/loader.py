@@ -88,6 +88,21 @@ def auto_num_workers(local_world_size: int = 1, cpus: int | None = None, kept: i
     return max(0, min(MAX_AUTO_WORKERS, share - kept))
 
 
+# data.worker_batch_size=auto: slices of about this many samples (data/slices.py); a slice costs a worker ~1 ms of
+# its own (collate, the queue, pinning), far below 32 images' decoding
+SLICE_SAMPLES = 32
+
+
+def slices_for(batch_size: int, workers: int, worker_batch_size: int | None) -> int:
+    """How many worker slices make a step's batch: batch_size / data.worker_batch_size (validate checked that it
+    divides), or for auto (None) about SLICE_SAMPLES a slice, never more slices than workers, a divisor of
+    batch_size."""
+    if worker_batch_size is not None:
+        return batch_size // worker_batch_size
+    most = min(workers, batch_size // SLICE_SAMPLES)
+    return max((k for k in range(1, most + 1) if batch_size % k == 0), default=1)
+
+
 def main_process_cores(device_type: str, pinned: bool, gpu_decode: bool) -> tuple[int, str]:
     """The cores `auto` leaves to the training process's own threads, and which threads they are: the training
     thread (its kernel launches on a GPU); on CUDA with pinned memory the DataLoader's pin-memory thread, which
@@ -127,6 +142,7 @@ class LoaderPlan:
     augment_on: AugmentOn = AugmentOn.workers  # effective value: auto is the workers' off CUDA
     threads: bool = False  # data.engine=threads with num_workers > 0: loader threads make the batches (data/threads.py)
     cores_kept: int = 1  # for the training process's own threads (main_process_cores): what `auto` leaves them
+    slices: int = 1  # worker slices per step's batch (data.worker_batch_size, data/slices.py)
 
     def describe(self) -> dict[str, Any]:
         """JSON-friendly view of the arguments (for logs, metrics.json and TensorBoard hparams)."""
@@ -138,6 +154,7 @@ class LoaderPlan:
         shown["augment_on"] = str(self.augment_on)
         shown["engine"] = str(LoaderEngine.threads if self.threads else LoaderEngine.dataloader)
         shown["cores_kept"] = self.cores_kept
+        shown["worker_batch_size"] = self.kwargs["batch_size"] // self.slices
         return shown
 
 
@@ -168,12 +185,14 @@ def plan_loader(
     process_group: bool = False,
     engine: LoaderEngine | None = None,
     gpu_decode: bool = False,
+    sizes_vary: bool = False,
 ) -> LoaderPlan:
     """Resolve `auto` values and drop options PyTorch would reject, noting each change in one line. `workers` and
     `engine`: decided elsewhere (the ranks' agreement, num_workers=tune) in place of data.num_workers, data.engine
     (data.engine=tune plans the DataLoader until the probe chose).
     `process_group`: the run joined one (torchrun), so workers do not start by fork (see FORKSERVER).
-    `gpu_decode`: dataset.decode=cuda, whose decode thread `auto` leaves a core."""
+    `gpu_decode`: dataset.decode=cuda, whose decode thread `auto` leaves a core. `sizes_vary`: the dataset's files
+    may cost very different times (data.worker_batch_size=auto slices the batches of such a dataset only)."""
     notes: list[str] = []
     if workers is None:
         workers, note = resolve_workers(data, local_world_size, device_type, gpu_decode)
@@ -190,15 +209,7 @@ def plan_loader(
         kwargs["pin_memory"] = False
         notes.append(f"data.pin_memory=true has no effect on {device_type}: using false")
     threads = train and workers > 0 and (engine or data.engine) == LoaderEngine.threads
-    if threads:
-        _thread_settings(data, kwargs, notes)
-    elif workers > 0:
-        _process_settings(data, kwargs, notes, process_group)
-    else:
-        ignored = _worker_only_settings(data)
-        if ignored:
-            notes.append(f"data.num_workers=0: ignoring {', '.join(ignored)} (they need worker processes)")
-        kwargs["timeout"] = 0
+    _engine_settings(data, kwargs, notes, threads=threads, process_group=process_group)
     kwargs["worker_init_fn"] = functools.partial(init_worker, seed_workers=data.seed_workers)
     use_sampler = data.distributed_sampler is True or (data.distributed_sampler == AUTO and world_size > 1)
     if use_sampler and train and data.shuffle:
@@ -216,7 +227,35 @@ def plan_loader(
         augment_on=_augment_on(data.augment_on, device_type),
         threads=threads,
         cores_kept=main_process_cores(device_type, kwargs["pin_memory"], gpu_decode)[0],
+        slices=_slices(data, kwargs, train=train and not threads, sizes_vary=sizes_vary),
     )
+
+
+def _slices(data: DataConfig, kwargs: dict[str, Any], *, train: bool, sizes_vary: bool) -> int:
+    """Worker slices of each training batch: data.worker_batch_size's, or auto's where the files vary in cost and
+    two or more worker processes can share a batch; whole batches for validation and loader threads."""
+    if not train:
+        return 1
+    if data.worker_batch_size != AUTO:
+        return slices_for(kwargs["batch_size"], kwargs["num_workers"], data.worker_batch_size)
+    if not sizes_vary or kwargs["num_workers"] < 2:
+        return 1
+    return slices_for(kwargs["batch_size"], kwargs["num_workers"], None)
+
+
+def _engine_settings(
+    data: DataConfig, kwargs: dict[str, Any], notes: list[str], *, threads: bool, process_group: bool
+) -> None:
+    """The arguments of what makes the batches: loader threads, worker processes, or the training process."""
+    if threads:
+        _thread_settings(data, kwargs, notes)
+    elif kwargs["num_workers"] > 0:
+        _process_settings(data, kwargs, notes, process_group)
+    else:
+        ignored = _worker_only_settings(data)
+        if ignored:
+            notes.append(f"data.num_workers=0: ignoring {', '.join(ignored)} (they need worker processes)")
+        kwargs["timeout"] = 0
 
 
 def _process_settings(data: DataConfig, kwargs: dict[str, Any], notes: list[str], process_group: bool) -> None:

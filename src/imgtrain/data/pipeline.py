@@ -32,6 +32,7 @@ from imgtrain.data.loader import LoaderPlan, plan_loader, resolve_workers, train
 from imgtrain.data.region_probe import import_codec
 from imgtrain.data.samplers import EpochSampler, ShardSampler
 from imgtrain.data.samples import GuardedSamples, collate
+from imgtrain.data.slices import SlicedLoader, sliced_args
 from imgtrain.data.streamed import StreamedLoader, StreamedSplit
 from imgtrain.data.threads import ThreadLoader
 from imgtrain.host import dist, optional
@@ -52,6 +53,7 @@ class RunData:
     seed: int  # train.seed
     streamed: bool = False  # dataset=shards: LitData's loader
     gpu_decode: bool = False  # dataset.decode=cuda: `auto` leaves its decode thread a core
+    sizes_vary: bool = False  # the bundle's files may differ in cost: data.worker_batch_size=auto slices its batches
     # a DataLoader, a StreamedLoader (dataset=shards), a ResidentLoader (data.device_resident) or DeviceBatches
     # (mode=compute); None until num_workers=tune's probe chose the count (`build_train`)
     train: Any = None
@@ -108,6 +110,7 @@ class RunData:
             "local_world_size": info.local_world_size,
             "process_group": info.enabled,
             "gpu_decode": self.gpu_decode,
+            "sizes_vary": self.sizes_vary,
         }
 
     @property
@@ -177,6 +180,9 @@ def build_loader(
     samples = GuardedSamples(
         dataset, replace=train, timed=plan.stage_timings, augment_on=plan.augment_on, seeded_loads=not plan.threads
     )
+    if plan.slices > 1:  # each worker makes a slice of a step's batch; the slices are joined on the device
+        loader = DataLoader(samples, generator=generator, collate_fn=collate, **sliced_args(kwargs, plan.slices))
+        return SlicedLoader(loader, plan.slices, drop_last=kwargs["drop_last"])
     if plan.threads:
         return ThreadLoader(samples, kwargs["sampler"], batch_size=kwargs["batch_size"], drop_last=kwargs["drop_last"],
                             threads=kwargs["num_workers"], in_order=kwargs.get("in_order", True),
@@ -286,8 +292,8 @@ def build_data(
     loader; with data.num_workers=tune in mode=train, none yet: the probe builds it with its count (build_train)."""
     seed, bundle = settings.train.seed, _open_dataset(settings, info)
     gpu_decode = decodes_on_gpu(settings, device)
-    streamed = isinstance(bundle.train, StreamedSplit)
-    data = RunData(bundle, settings.data, info, device.type, seed, streamed=streamed, gpu_decode=gpu_decode)
+    kinds = {"streamed": isinstance(bundle.train, StreamedSplit), "sizes_vary": bundle.sizes_vary}
+    data = RunData(bundle, settings.data, info, device.type, seed, gpu_decode=gpu_decode, **kinds)
     train_plan, val_plan = data.train_plan(data.agreed_workers()), data.val_plan()
     data.loader_args = {"train": train_plan.describe(), "val": val_plan.describe()}
     _log_plans(train_plan, data.loader_args)
