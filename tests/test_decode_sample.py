@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import os
 import shlex
 import sys
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,10 +20,11 @@ import pytest
 import torch
 from helpers import FAST, compose_cfg
 from PIL import Image
+from test_reads import unblocked
 from torch.utils.data import TensorDataset
 
 from imgtrain.config.validate import validate
-from imgtrain.data import stages
+from imgtrain.data import decode_sample, reads, stages
 from imgtrain.data.datasets import imagenet_transforms
 from imgtrain.data.decode_sample import MIN_FILES, packing_side, sample_decodes
 from imgtrain.data.image_files import ImageFileDataset
@@ -186,3 +191,38 @@ def test_a_file_that_cannot_be_read_as_a_jpeg_is_left_out(photos: list[str], tmp
     missing = str(tmp_path / "gone.jpg")
     sample = sample_decodes(files([*photos, str(broken), str(small), missing]))
     assert sample is not None and sample["files"] == len(photos) + 1 and sample["megapixels"] == 1.92
+
+
+def test_a_fifo_or_a_device_in_the_folder_is_left_out_at_once(photos: list[str], tmp_path: Path) -> None:
+    """The sample reads in the training process: a FIFO is refused by its type (its open waited for a writer for
+    ever), and so is /dev/zero under an image's name (its read never ended)."""
+    os.mkfifo(fifo := tmp_path / "pipe.jpg")
+    (zero := tmp_path / "zero.jpg").symlink_to("/dev/zero")
+    started = time.monotonic()
+    with unblocked(fifo):
+        sample = sample_decodes(files([str(fifo), str(zero), *photos]))
+    assert time.monotonic() - started < 15
+    assert sample is not None and sample["files"] == len(photos)
+
+
+def test_a_read_that_never_returns_is_left_behind_and_named(
+    photos: list[str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Hung storage: a read that does not return (here held on an event) is left on the sample's daemon thread
+    STUCK_S past LIMIT_S; the run goes on without a sample, and the warning names the file."""
+    stuck, real = threading.Event(), reads._read_exactly
+
+    def hung(fd: int, size: int) -> bytearray:
+        if os.readlink(f"/proc/self/fd/{fd}") == photos[2]:
+            stuck.wait(30)
+        return real(fd, size)
+
+    monkeypatch.setattr(reads, "_read_exactly", hung)
+    monkeypatch.setattr(decode_sample, "LIMIT_S", 0.5)
+    monkeypatch.setattr(decode_sample, "STUCK_S", 0.5)
+    try:
+        with caplog.at_level(logging.WARNING, logger="imgtrain.data.decode_sample"):
+            assert sample_decodes(files(photos[2:3] + photos)) is None
+    finally:
+        stuck.set()
+    assert f"the decode sample gave up waiting: {photos[2]} has not been read and decoded" in caplog.text

@@ -8,12 +8,19 @@ import time
 
 import pytest
 import torch
+from test_reads import unblocked
 from torch.utils.data import Dataset
 
 from imgtrain.common.errors import RunError
 from imgtrain.config.data import DataConfig
 from imgtrain.config.faults import NonFinite
-from imgtrain.data.failures import explain_loader_failure, next_batch, worker_deaths_found_at_next_batch
+from imgtrain.data.failures import (
+    LoaderTimedOut,
+    explain_loader_failure,
+    next_batch,
+    worker_deaths_found_at_next_batch,
+    workers_stopped_on_error,
+)
 from imgtrain.data.loader import plan_loader
 from imgtrain.data.pipeline import build_loader
 from imgtrain.data.samples import GuardedSamples, collate
@@ -246,3 +253,39 @@ def test_preempted_exit_code_follows_the_shell_convention() -> None:
     assert Preempted(signal.SIGTERM, "x").code == 143
     assert Preempted(signal.SIGUSR1, "x").code == 138
     assert Preempted(signal.SIGINT, "x").line == "stopped: x"
+
+
+class _OpensAFifo(Dataset):
+    """A dataset of the user's that opens its files itself: one is a FIFO, whose open waits for a writer."""
+
+    def __init__(self, fifo: str) -> None:
+        self.fifo = fifo
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        with open(self.fifo, "rb"):
+            return torch.zeros(3, 4, 4, dtype=torch.uint8), 0
+
+
+def test_a_worker_stuck_in_an_open_is_stopped_without_waiting_for_it(tmp_path) -> None:
+    """data.timeout's line comes, and the stuck worker is gone with it: it would outlive the SIGTERM of PyTorch's
+    shutdown by WORKER_GRACE_S (a job-wide stop's grace), which the shutdown waited 10 s for and the process's
+    exit up to 30 s more. The loop's order: SIGCHLD quiet while the workers stop."""
+    os.mkfifo(fifo := tmp_path / "x.jpg")
+    settings = DataConfig(num_workers=1, batch_size=4, persistent_workers=False, timeout=1)
+    plan = plan_loader(settings, train=True, device_type="cpu")
+    loader = build_loader(_OpensAFifo(str(fifo)), plan, train=True, seed=0)
+    with unblocked(fifo):
+        started = time.monotonic()
+        batches = iter(loader)
+        workers = list(batches._workers)
+        with (
+            pytest.raises(LoaderTimedOut, match="data.timeout=1 s passed without a batch"),
+            worker_deaths_found_at_next_batch(),
+            workers_stopped_on_error(batches),
+        ):
+            next_batch(batches, settings)
+        assert time.monotonic() - started < 8  # the timeout, the worker's start, and no wait for it
+        assert not any(worker.is_alive() for worker in workers)

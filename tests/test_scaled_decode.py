@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import io
 import sys
+import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +22,10 @@ from imgtrain.data.datasets import imagenet_transforms
 from imgtrain.data.decoders import DECODE_ERRORS, OversizedImage, decode_bytes, error_reason
 from imgtrain.data.gpu_decode import JpegBatchDecoder
 from imgtrain.data.image_files import CorruptSampleError, EncodedFileDataset, ImageFileDataset
+from imgtrain.data.jpeg import jpeg_header
 from imgtrain.data.samples import GuardedSamples, collate
 from imgtrain.data.scaled_decode import Reduced, decode_for_crop, denominator
+from imgtrain.data.shards.downscale import MaxSide
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from photos import render  # noqa: E402  benchmarks/photos.py: photo-like content at quality 90
@@ -212,3 +216,56 @@ def test_on_a_gpu_nvjpeg_turns_exif_and_the_device_crops_scaled_images(photos: l
         raw = collate(GuardedSamples(dataset, augment_on=AugmentOn.device).__getitems__(items)).images
         outputs.append(raw.to(cuda).resampled().float().cpu())
     assert (outputs[1] - outputs[0]).abs().mean(dim=(1, 2, 3)).max() < 6.0
+
+
+SEEDS = Path(__file__).resolve().parent / "fuzz_seeds" / "jpeg"
+
+
+@pytest.mark.parametrize("seed", ["progressive_420.jpg", "nonint_baseline.jpg"])
+@pytest.mark.parametrize("binding", ["simplejpeg", "PIL"])
+def test_a_progressive_header_counts_in_full_at_any_scale(seed: str, binding: str, monkeypatch) -> None:
+    """libjpeg holds a progressive file's (or a one-component-a-scan file's) DCT coefficients whole, at any output
+    scale: its header's pixels count, not those at 1/8. A 16000 x 16000 claim under a 4-MP limit (250,000 px at 1/8)
+    held 770 MB of coefficients before being refused; now it is refused unread, as in a full decode."""
+    if binding == "PIL":
+        monkeypatch.setattr(scaled_decode, "simplejpeg", None)
+    data = bytearray((SEEDS / seed).read_bytes())
+    sof = next(p for p in range(2, len(data)) if data[p] == 0xFF and data[p + 1] in (0xC0, 0xC2))
+    data[sof + 5 : sof + 9] = (16000).to_bytes(2, "big") * 2
+    started = time.perf_counter()
+    with pytest.raises(OversizedImage, match=r"16000x16000 pixels \(256 MP\) .* held whole at any scale"):
+        decode_for_crop(as_tensor(bytes(data)), "p", 4_000_000, 0, TRAIN)
+    assert time.perf_counter() - started < 0.5  # refused from the header: nothing decoded
+    small = decode_for_crop(as_tensor((SEEDS / seed).read_bytes()), "p", 4_000_000, None, CropSpec(8))
+    assert isinstance(small, Reduced) and small.image.shape == (3, 8, 12)  # within the limit: still at 1/4
+
+
+@pytest.mark.parametrize("pil_limit", [1_000_000, 900_000])  # the photo's 1.92 MP above it (PIL warns), above twice
+def test_without_simplejpeg_the_template_s_limit_is_the_only_one(
+    photos: list[str], pil_limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PIL's draft decodes at reduced scale where simplejpeg is missing (the GPU box): PIL's own bomb guard (here
+    lowered below a 1600x1200 photo, as a 100-MP photo meets its default of 89 MP) neither warns about it nor refuses
+    it, and dataset.max_image_pixels counts the pixels at 1/8 as with simplejpeg."""
+    monkeypatch.setattr(scaled_decode, "simplejpeg", None)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", pil_limit)
+    dataset = ImageFileDataset(photos[:1], [0], ["a"], None, max_pixels=1_000_000, scaled=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a DecompressionBombWarning would be one per file
+        decoded, _ = dataset.decoded(0, (None, CropSpec(SIZE, resize=110)))
+    assert isinstance(decoded, Reduced) and decoded.image.shape == (3, 150, 200)
+    assert pil_limit == Image.MAX_IMAGE_PIXELS  # PIL's setting put back
+
+
+def test_one_file_turns_one_way_on_every_path() -> None:
+    """An XMP segment before an EXIF orientation of 6: TorchCodec reads the first APP1 alone, so the file is shown
+    as stored; the header reader (scaled decoding, decode=cuda's worker) and --max-side's downscale turn it the same
+    way (the scaled decode turned it, the full decode did not: 256x128 and 128x256 for one file)."""
+    data = (SEEDS / "xmp_before_exif6.jpg").read_bytes()
+    full = decode_bytes(as_tensor(data), "p")
+    reduced = decode_for_crop(as_tensor(data), "p", None, None, CropSpec(8))
+    assert full.shape == (3, 32, 48) and isinstance(reduced, Reduced) and reduced.full == (32, 48)
+    assert reduced.image.shape == (3, 8, 12)
+    assert jpeg_header(data).orientation == 1  # what decode=cuda turns by
+    packed = decode_bytes(as_tensor(MaxSide(24).shrunk(data)), "p")
+    assert packed.shape == (3, 16, 24)

@@ -8,6 +8,7 @@ import gc
 import json
 import os
 import shutil
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 from helpers import compose_cfg, read_metrics
 from imagefiles import lying_jpeg
 from shardhelpers import failure, pack, shards_args
+from test_reads import unblocked
 
 pytest.importorskip("litdata", reason="dataset=shards needs the shards extra: pip install -e '.[shards]'")
 
@@ -351,3 +353,54 @@ def test_shards_check_each_image_against_max_image_pixels_before_decoding(shards
     reasons = {reason for batch in batches for _, reason in batch.skipped}
     assert all(batch.images is None for batch in batches) and sum(len(batch.skipped) for batch in batches) == 64
     assert reasons == {"32x32 pixels (0.00102 MP) is above dataset.max_image_pixels=1023; not decoded"}
+
+
+def _small_source(source: Path, root: Path) -> Path:
+    """Four images of each of two classes per split, from `source`."""
+    for split in ("train", "val"):
+        for name in sorted(p.name for p in (source / split).iterdir())[:2]:
+            (root / split / name).mkdir(parents=True)
+            for image in sorted((source / split / name).iterdir())[:4]:
+                shutil.copy(image, root / split / name / image.name)
+    return root
+
+
+def test_a_fifo_a_device_or_a_socket_is_left_out_by_its_type(source: Path, tmp_path: Path, capsys) -> None:
+    """What is not a regular file is refused before it is opened: a FIFO stalled a worker for ever (12 of 13
+    files), /dev/zero under an image's name ended the split in "LitData could not write the split ()"."""
+    src = _small_source(source, tmp_path / "src")
+    classes = sorted(p.name for p in (src / "train").iterdir())
+    os.mkfifo(fifo := src / "train" / classes[0] / "pipe.jpg")
+    (src / "train" / classes[0] / "zero.jpg").symlink_to("/dev/zero")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(src / "val" / classes[1] / "socket.jpg"))
+    try:
+        with unblocked(fifo):
+            assert pack(src, tmp_path / "out") == 0
+    finally:
+        server.close()
+    out = capsys.readouterr().out
+    for relative, kind in (
+        (f"train/{classes[0]}/pipe.jpg", "a FIFO (named pipe)"),
+        (f"train/{classes[0]}/zero.jpg", "a character device"),
+        (f"val/{classes[1]}/socket.jpg", "a socket"),
+    ):
+        assert f"unreadable, left out: {relative}: {kind}, not a regular file: refused without reading it" in out
+    assert "3 unreadable source file(s) left out" in out
+
+
+def test_a_worker_s_unexpected_error_names_its_file(source: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    """An error the converter does not expect (here a MemoryError) ends the split in one line naming the file."""
+    src = _small_source(source, tmp_path / "src")
+    victim = sorted((src / "train").rglob("*.jpg"))[1]
+    real = converter.decode_problem
+
+    def failing(data: bytes, path: str, *limit):  # forked into LitData's workers with the module
+        if path == str(victim):
+            raise MemoryError
+        return real(data, path, *limit)
+
+    monkeypatch.setattr(converter, "decode_problem", failing)
+    assert pack(src, tmp_path / "out") == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"LitData could not write the split ({victim.relative_to(src)}: MemoryError)" in err

@@ -4,6 +4,7 @@ its order, switch with it mid-epoch, and end every way a loader can fail in one 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import sys
 import threading
@@ -13,13 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import RESUMABLE, compose_cfg, read_metrics
+from PIL import Image
 from shardhelpers import stop_after_step_5
 
 from imgtrain.common.errors import ConfigError
 from imgtrain.config.data import DataConfig, LoaderEngine
 from imgtrain.config.validate import validate
+from imgtrain.data import reads
 from imgtrain.data.datasets import build_shapes
 from imgtrain.data.failures import LoaderFailed
+from imgtrain.data.image_files import ImageFileDataset
 from imgtrain.data.loader import plan_loader
 from imgtrain.data.pipeline import build_loader
 from imgtrain.data.samplers import EpochSampler
@@ -271,3 +275,28 @@ def test_the_next_epoch_is_made_while_this_one_ends_and_a_resume_starts_afresh()
     loader.sampler.set_epoch(2, start=4)
     assert [batch.labels.tolist() for batch in loader] == [[4, 5], [6, 7], [8, 9], [10, 11], [12, 13], [14, 15]]
     loader.close()
+
+
+def test_a_stuck_read_is_named_by_its_file_not_by_its_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread busy longest is the one stuck, and the file it is reading is the one named (data/reads.py): here
+    the second file of its batch, where the line named the batch's first three."""
+    paths = []
+    for i in range(8):
+        Image.new("RGB", (8, 8), (30 * i, 0, 0)).save(path := tmp_path / f"{i}.png")
+        paths.append(str(path))
+    stuck, real = threading.Event(), reads._read_exactly
+
+    def hung(fd: int, size: int) -> bytearray:  # a read on a dead mount, in the real read's place
+        if os.readlink(f"/proc/self/fd/{fd}") == paths[5]:
+            stuck.wait(30)
+        return real(fd, size)
+
+    monkeypatch.setattr(reads, "_read_exactly", hung)
+    loader = _loader(ImageFileDataset(paths, [0] * 8, ["a"], lambda image: image), timeout=1.0)
+    try:
+        with pytest.raises(LoaderFailed) as failed:
+            list(loader)
+        assert f"; stuck in: {paths[5]} (a thread stuck" in str(failed.value)
+        loader.close()
+    finally:
+        stuck.set()

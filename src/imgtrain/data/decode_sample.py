@@ -11,15 +11,19 @@ that a drift (a CPU clocking down, another process waking) reaches every method 
   sample (RandomResizedCrop), so one draw per file, over files, stands for the run's mix of scales;
 - packed: the bytes `imgtrain-shards --max-side N` would store (`downscale.MaxSide(N).shrunk`, not timed; a file
   already at most N px is its own bytes), decoded as this run decodes (at a reduced scale where it is on).
-On one thread (torch.set_num_threads(1), restored after), with time.perf_counter. Each speed-up is the median of
+On a thread of its own (torch.set_num_threads(1) there), with time.perf_counter. Each speed-up is the median of
 the per-file ratios, with their quartiles for the spread. Sampling stops after BUDGET_S seconds (reads and the
 untimed shrinking included), so a run waits a few seconds at most; local files only (dataset=shards, object
-storage included, is never sampled).
+storage included, is never sampled). Files are read as the loaders read them (data/reads.py: regular files only,
+at most the byte cap), and a read or decode that has not returned STUCK_S seconds past LIMIT_S (hung storage) is
+left behind on its daemon thread: the run goes on without a sample, and the warning names the file.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from imgtrain.data import reads
 from imgtrain.data.batched import CropSpec
 from imgtrain.data.decoders import DECODE_ERRORS, decode_bytes, read_file
 from imgtrain.data.image_files import EncodedFileDataset, ImageFileDataset
@@ -41,6 +46,8 @@ EXAMINED = 4 * FILES  # files read at most while looking for JPEGs (a folder of 
 BUDGET_S = 3.0  # no file is started after this many seconds once MIN_FILES are timed
 LIMIT_S = 10.0  # nor after this many before that (100-MP photos take about 1 s a file, shrinking included)
 MAX_SIDE = 512  # the --max-side prescribed: imgtrain-shards' documented example for 224-px crops
+STUCK_S = 20.0  # seconds past LIMIT_S after which a sample still in one file is left behind
+log = logging.getLogger(__name__)
 
 
 def packing_side(crop: int | None) -> int:
@@ -55,21 +62,49 @@ def sample_decodes(dataset: Any, seed: int = 0, budget_s: float = BUDGET_S) -> d
     timed. `seed` draws the files and their crops (the run's train.seed)."""
     if not isinstance(dataset, ImageFileDataset) or isinstance(dataset, EncodedFileDataset) or not len(dataset):
         return None
+    draw = np.random.default_rng(seed).choice(len(dataset), size=min(len(dataset), EXAMINED), replace=False)
+    outcome: list[Any] = []  # the summary (or None), or the exception that ended the sample
+    current: list[str] = []  # the file in hand
+
+    def sample() -> None:
+        try:
+            outcome.append(_sampled(dataset, draw.tolist(), seed, budget_s, current))
+        except Exception as error:  # noqa: BLE001 - raised in the caller's thread, as if sampled there
+            outcome.append(error)
+
+    thread = threading.Thread(target=sample, name="decode-sample", daemon=True)
+    thread.start()
+    thread.join(LIMIT_S + STUCK_S)
+    if not outcome:
+        stuck = reads.in_read(thread.ident) or (current[-1] if current else "a file")
+        log.warning(
+            "the decode sample gave up waiting: %s has not been read and decoded in %.0f s (hung storage?); the "
+            "verdict gives the general advice",
+            stuck,
+            STUCK_S,
+        )
+        return None
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _sampled(
+    dataset: ImageFileDataset, indices: list[int], seed: int, budget_s: float, current: list[str]
+) -> dict[str, Any] | None:
+    """The sample's summary (`sample_decodes`), timed on this thread alone; `current` gets each file's path."""
     spec = dataset.crop_spec  # None: a per-sample transform, which never decodes at a reduced scale
     scaled = dataset.scaled and spec is not None
     side = packing_side(spec.size if spec else None)
-    draw = np.random.default_rng(seed).choice(len(dataset), size=min(len(dataset), EXAMINED), replace=False)
-    threads, started, rows = torch.get_num_threads(), time.perf_counter(), []
-    torch.set_num_threads(1)  # what one loader worker has: the figures are per core
-    try:
-        for index in draw.tolist():
-            elapsed = time.perf_counter() - started
-            if len(rows) >= FILES or elapsed > LIMIT_S or (elapsed > budget_s and len(rows) >= MIN_FILES):
-                break
-            row = _time_file(dataset, index, (sample_seed(seed, 0, index), spec), side, scaled, len(rows))
-            rows += [row] if row else []
-    finally:
-        torch.set_num_threads(threads)
+    started, rows = time.perf_counter(), []
+    torch.set_num_threads(1)  # what one loader worker has: the figures are per core (OpenMP's setting is per thread)
+    for index in indices:
+        elapsed = time.perf_counter() - started
+        if len(rows) >= FILES or elapsed > LIMIT_S or (elapsed > budget_s and len(rows) >= MIN_FILES):
+            break
+        current.append(dataset.path(index))
+        row = _time_file(dataset, index, (sample_seed(seed, 0, index), spec), side, scaled, len(rows))
+        rows += [row] if row else []
     if len(rows) < MIN_FILES:
         return None
     return _summary(rows, spec, dataset.scaled, side, time.perf_counter() - started)
@@ -82,7 +117,7 @@ def _time_file(
     a file that is not a JPEG, or that cannot be read or decoded."""
     path, (sample, spec) = dataset.path(index), crop
     try:
-        data = read_file(path)
+        data = read_file(path, dataset.max_pixels)  # a regular file, its size and the cap at most (data/reads.py)
         frame = jpeg_header(memoryview(data.numpy()))
         if frame is None:
             return None

@@ -25,7 +25,8 @@ from PIL import Image, UnidentifiedImageError
 
 from imgtrain.common.errors import ConfigError, first_line
 from imgtrain.config.datasets import MAX_IMAGE_PIXELS
-from imgtrain.data.jpeg import JPEG_MAGIC, JpegFrame, jpeg_header, too_many_pixels
+from imgtrain.data.jpeg import JPEG_MAGIC, JpegFrame, jpeg_frame, jpeg_header, too_many_pixels
+from imgtrain.data.reads import read_bytes
 from imgtrain.host.optional import LOAD_ERRORS
 
 log = logging.getLogger(__name__)
@@ -138,15 +139,15 @@ def describe() -> str:
     return f"{cpu_decoder().name} (JPEG, PNG, WebP, GIF); PIL for other formats"
 
 
-def read_file(path: str) -> torch.Tensor:
-    """A file's bytes as a 1-d uint8 tensor."""
-    with open(path, "rb") as f:
-        return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+def read_file(path: str, max_pixels: int | None = MAX_IMAGE_PIXELS) -> torch.Tensor:
+    """An image file's bytes as a 1-d uint8 tensor, read as reads.read_bytes reads it: a regular file only, at most
+    its size and the cap `max_pixels` (dataset.max_image_pixels) sets; an OSError (UnreadableFile) otherwise."""
+    return torch.frombuffer(read_bytes(path, max_pixels), dtype=torch.uint8)
 
 
-def decode_file(path: str) -> torch.Tensor:
+def decode_file(path: str, max_pixels: int | None = MAX_IMAGE_PIXELS) -> torch.Tensor:
     """Read and decode an image file into a uint8 RGB tensor [3, H, W]."""
-    return decode_bytes(read_file(path), path)
+    return decode_bytes(read_file(path, max_pixels), path, max_pixels)
 
 
 def error_reason(error: BaseException) -> str:
@@ -179,12 +180,14 @@ def decode_bytes(data: torch.Tensor, path: str, max_pixels: int | None = MAX_IMA
     frame = jpeg_header(view)
     if frame is not None:  # its frame header, found without PIL
         return decode_jpeg(data, frame, max_pixels)
+    if bytes(view[:3]) == JPEG_MAGIC:  # a JPEG whose markers libjpeg would not read either: why, in one line
+        raise ValueError(jpeg_frame(view))
     if view[4:8] == b"ftyp" and bytes(view[8:12]) in _HEIF_BRANDS:
         raise ValueError(
             f"a HEIC/HEIF image (brand {bytes(view[8:12]).decode()}), which neither TorchCodec nor Pillow decodes: "
             "convert it to JPEG first (e.g. `heif-convert`, or Pillow with the pillow-heif plugin)"
         )
-    with _pil_opened(data) as image:  # PIL reads the header only, until the pixels are asked for
+    with pil_opened(view) as image:  # PIL reads the header only, until the pixels are asked for
         _check_size(*image.size, max_pixels)
         return _decoded(data, image)
 
@@ -209,16 +212,17 @@ def _decoded(data: torch.Tensor, opened: Image.Image | None) -> torch.Tensor:
     except ValueError:  # a format the decoder does not read (BMP, TIFF, PPM, ...): its check of the magic bytes
         if opened is not None:
             return pil_rgb(opened)
-        with _pil_opened(data) as reopened:
+        with pil_opened(memoryview(data.numpy())) as reopened:
             return pil_rgb(reopened)
     return image[0] if image.ndim == 4 else image  # an animated GIF or WebP: its first frame, as PIL gives
 
 
 @contextlib.contextmanager
-def _pil_opened(data: torch.Tensor) -> Iterator[Image.Image]:
-    """PIL's lazy image of `data`, its guard lifted: the size is checked against dataset.max_image_pixels by the
-    caller (and PIL's own limit might be below the key's)."""
-    with pil_guard(None), Image.open(io.BytesIO(data.numpy().tobytes())) as image:
+def pil_opened(data: bytes | memoryview) -> Iterator[Image.Image]:
+    """PIL's lazy image of an image file's bytes, PIL's own guard lifted: the caller checks the size against
+    dataset.max_image_pixels, the one limit (PIL's own, 89 MP, would refuse or warn about what the key allows,
+    or what is decoded at a reduced scale)."""
+    with pil_guard(None), Image.open(io.BytesIO(data)) as image:
         yield image
 
 

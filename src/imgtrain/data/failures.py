@@ -15,10 +15,17 @@ import psutil
 from imgtrain.common.errors import RunError
 from imgtrain.config.data import DataConfig
 
+# Seconds a killed worker is waited for: SIGKILL ends it at once, unless the kernel holds it in an uninterruptible read
+KILL_WAIT_S = 2.0
+
 
 class LoaderFailed(RunError):
     """A DataLoader failure explained in one line (a dead worker, full shared memory, a timeout). It happens
     between steps, so the weights are those of the last completed step: the loop can save them before it stops."""
+
+
+class LoaderTimedOut(LoaderFailed):
+    """data.timeout passed without a batch: a worker is stuck, and is stopped without waiting for it."""
 
 
 def next_batch(batches: Any, data: DataConfig) -> Any:
@@ -46,7 +53,8 @@ def explained(iterator: Callable[[], Any], data: DataConfig) -> Iterator[None]:
         explanation = explain_loader_failure(_with_exit_signals(str(error), iterator()), data)
         if explanation is None:
             raise
-        raise LoaderFailed(explanation) from error
+        timed_out = "DataLoader timed out after" in str(error)  # PyTorch's words for data.timeout
+        raise (LoaderTimedOut if timed_out else LoaderFailed)(explanation) from error
 
 
 def worker_message(message: str) -> str:
@@ -67,17 +75,33 @@ def workers_stopped_on_error(batches: Any) -> Iterator[Any]:
     """
     try:
         yield batches
-    except BaseException:
-        stop_workers(batches)
+    except BaseException as error:
+        stop_workers(batches, stuck=isinstance(error, LoaderTimedOut))
         raise
 
 
-def stop_workers(iterator: Any) -> None:
+def stop_workers(iterator: Any, stuck: bool = False) -> None:
     """Stop a DataLoader iterator's workers now, politely, with PyTorch's own (private, long-stable) shutdown
-    method; persistent workers too. Anything without workers (None, a plain iterator) is left alone."""
+    method; persistent workers too. Anything without workers (None, a plain iterator) is left alone.
+
+    `stuck` (data.timeout passed): the workers holding a batch not yet received are killed first. One stuck in a read
+    cannot answer, and it outlives the SIGTERM PyTorch's shutdown sends by WORKER_GRACE_S (loader.worker_signals,
+    for a job-wide stop): the shutdown would wait 10 s for it, and the process's exit up to 30 s more."""
     shutdown = getattr(iterator, "_shutdown_workers", None)
-    if callable(shutdown):
-        shutdown()
+    if not callable(shutdown):
+        return
+    for worker in _holding_batches(iterator) if stuck else ():
+        worker.kill()
+        worker.join(timeout=KILL_WAIT_S)
+    shutdown()
+
+
+def _holding_batches(iterator: Any) -> list[Any]:
+    """The live workers of a DataLoader iterator that were sent a batch not yet received (PyTorch's private task
+    bookkeeping, read defensively: nothing found, nothing killed; the polite shutdown then does it all)."""
+    workers, tasks = getattr(iterator, "_workers", []), getattr(iterator, "_task_info", {})
+    holding = {info[0] for info in tasks.values() if isinstance(info, tuple) and len(info) == 1}  # (worker_id,)
+    return [workers[i] for i in sorted(holding) if isinstance(i, int) and i < len(workers) and workers[i].is_alive()]
 
 
 @contextlib.contextmanager
@@ -100,7 +124,8 @@ def _with_exit_signals(message: str, batches: Any) -> str:
     """Add how dead workers died: PyTorch's "exited unexpectedly" path does not say (a private attribute)."""
     if "exited unexpectedly" not in message:
         return message
-    batches = getattr(batches, "inner", batches)  # the DataLoader iterator behind a CudaPrefetcher
+    while hasattr(batches, "inner"):  # the DataLoader iterator behind a BatchesAhead, joined slices (data/slices.py)
+        batches = batches.inner
     codes = [w.exitcode for w in getattr(batches, "_workers", []) if w.exitcode is not None and w.exitcode < 0]
     names = sorted({signal.Signals(-code).name for code in codes if -code in signal.Signals._value2member_map_})
     readable = {"SIGBUS": "Bus error", "SIGKILL": "Killed", "SIGSEGV": "Segmentation fault"}

@@ -17,6 +17,7 @@ from imgtrain.config.datasets import MAX_IMAGE_PIXELS
 from imgtrain.data import batched, stages
 from imgtrain.data.decoders import DECODE_ERRORS, decode_bytes, error_reason, read_file
 from imgtrain.data.jpeg import EncodedJpeg, checked_frame
+from imgtrain.data.reads import read_bytes
 from imgtrain.data.scaled_decode import Reduced, decode_for_crop
 
 CropDraw = tuple[int | None, batched.CropSpec]  # a sample's seed and its batch's crop: what `decoded` may read less for
@@ -93,7 +94,7 @@ class ImageFileDataset(DecodedSamples):
         path = self.path(index)
         started = time.perf_counter()
         try:
-            data = read_file(path)
+            data = read_file(path, self.max_pixels)  # a regular file, its size and the cap at most (data/reads.py)
             read = time.perf_counter()
             if self.scaled and crop is not None:
                 raw = decode_for_crop(data, path, self.max_pixels, *crop)
@@ -115,8 +116,7 @@ class EncodedFileDataset(ImageFileDataset):
         path = self.path(index)
         started = time.perf_counter()
         try:
-            with open(path, "rb") as f:
-                raw = bytearray(f.read())
+            raw = read_bytes(path, self.max_pixels)  # a regular file, its size and the cap at most (data/reads.py)
         except OSError as error:
             raise CorruptSampleError(path, str(error.strerror or error)) from None
         frame = checked_frame(raw, self.max_pixels)

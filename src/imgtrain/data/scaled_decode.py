@@ -13,24 +13,27 @@ simplejpeg where it is installed (1.35-1.37x the full decode's rate for 6-MP pho
 ones at 1/8), else PIL's `draft` (1.22-1.24x, 1.88-2.01x); both are libjpeg-turbo. The files it does not apply to
 decode in full, as before: scale 1 (ImageNet-sized files at 224 px), CMYK/YCCK JPEGs, and every other format.
 
-dataset.max_image_pixels counts the pixels actually decoded: a 100-MP photo decoded at 1/8 holds 1.6 MP.
+dataset.max_image_pixels bounds what the decoder holds. A baseline photo decoded at 1/8 is decoded a row of 8x8
+blocks at a time into its smaller image, so the limit counts that image's pixels: a 100-MP photo at 1/8 holds
+1.6 MP. A progressive JPEG (or one whose first scan lacks a component) is not: libjpeg keeps the whole image's DCT
+coefficients until its last scan, 2 bytes a sample (about 3 bytes a pixel at 4:2:0) at any output scale, so its
+header's pixels count, as in a full decode (a 2-KB file claiming 30000 x 30000 held 2.7 GB for 7 s at 1/8 before).
+PIL's own guard is lifted for its draft: the key is the one limit on every path.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import io
 import math
 from typing import NamedTuple
 
 import numpy as np
 import torch
-from PIL import Image
 
 from imgtrain.data import batched
 from imgtrain.data.batched import CropSpec
-from imgtrain.data.decoders import OversizedImage, decode_bytes, decode_jpeg, upright
+from imgtrain.data.decoders import OversizedImage, decode_bytes, decode_jpeg, pil_opened, upright
 from imgtrain.data.jpeg import JpegFrame, jpeg_header, too_many_pixels
 from imgtrain.data.policies import uniforms
 
@@ -88,6 +91,10 @@ def decode_for_crop(
     d = denominator(height, width, seed, spec) if frame.components in (1, 3) else 1  # CMYK/YCCK: in full
     if d == 1:  # the header already read: decoded in full without reading it again
         return decode_jpeg(data, frame, max_pixels)
+    if frame.held_whole:  # libjpeg holds every coefficient whatever the scale: the header's pixels count
+        too_large = too_many_pixels(frame.width, frame.height, max_pixels)
+        if too_large:
+            raise OversizedImage(f"{too_large}; not decoded (a progressive JPEG is held whole at any scale)")
     too_large = too_many_pixels(math.ceil(frame.width / d), math.ceil(frame.height / d), max_pixels)
     if too_large:
         raise OversizedImage(f"{too_large} at 1/{d} scale; not decoded")
@@ -109,7 +116,7 @@ def _scaled(view: memoryview, frame: JpegFrame, d: int) -> torch.Tensor:
             min_factor=d,  # with the minimum sizes: exactly 1/d
         )
     else:
-        with Image.open(io.BytesIO(view)) as image:
+        with pil_opened(view) as image:  # PIL's own limit lifted: the checks above are the ones
             image.draft("RGB", (frame.width // d, frame.height // d))  # PIL takes the largest d fitting these
             array = np.asarray(image.convert("RGB"))
     writable = array if array.flags.writeable else array.copy()  # PIL's and simplejpeg's arrays may be read-only

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler
 
+from imgtrain.data import reads
 from imgtrain.data.failures import LoaderFailed
 from imgtrain.data.samples import Batch, GuardedSamples, collate
 from imgtrain.host import optional
@@ -77,7 +78,8 @@ class ThreadLoader:
         self.nodes = optional.require("torchdata.nodes", NEEDED_BY)
         self.samples, self.sampler, self.batch_size, self.drop_last = samples, sampler, batch_size, drop_last
         self.num_workers, self.in_order, self.pin_memory, self.timeout = threads, in_order, pin_memory, timeout
-        self._busy: dict[int, list[Any]] = {}  # each loader thread's batch in the making: what a timeout names
+        # each loader thread's batch in the making, and since when (time.monotonic()): what a timeout names
+        self._busy: dict[int, tuple[float, list[Any]]] = {}
         self._local = threading.local()
         # the thread handing over the batches, and the (epoch, start) it makes next; None: none running
         self._running: _Pump | None = None
@@ -101,7 +103,7 @@ class ThreadLoader:
         if not getattr(self._local, "ready", False):
             torch.set_num_threads(1)  # per thread (OpenMP's setting): N threads, N cores, as N worker processes
             self._local.ready = True
-        self._busy[threading.get_ident()] = items
+        self._busy[threading.get_ident()] = (time.monotonic(), items)
         started = time.thread_time()
         try:
             batch = collate(self.samples.__getitems__(items))
@@ -160,13 +162,22 @@ class ThreadLoader:
             return handed.get(timeout=self.timeout or None)
         except queue.Empty:
             self._stuck = True
-            stuck = [items for items in self._busy.values() if items]
-            where = f"; stuck in: {self._describe(stuck[0])}" if stuck else ""
+            stuck = self._stuck_in()
+            where = f"; stuck in: {stuck}" if stuck else ""
             raise LoaderFailed(
                 f"data.timeout={self.timeout:g}: no batch from the {self.num_workers} loader thread(s) in "
                 f"{self.timeout:g} s{where} (a thread stuck in a read cannot be stopped: it is left behind, and the "
                 "process exits without it); check the storage, or raise data.timeout"
             ) from None
+
+    def _stuck_in(self) -> str | None:
+        """What the thread busy longest is in: the file it is reading (data/reads.py), else the batch it makes;
+        None when no thread is busy."""
+        busy = dict(self._busy)  # one copy, under the GIL: the threads add and remove their entries meanwhile
+        if not busy:
+            return None
+        thread, (_, items) = min(busy.items(), key=lambda entry: entry[1][0])
+        return reads.in_read(thread) or self._describe(items)
 
     def _describe(self, items: list[Any]) -> str:
         """The batch a stuck thread was making: its files where the dataset names them, else its indices."""
@@ -190,8 +201,8 @@ class ThreadLoader:
         running.stop_and_join(JOIN_S)
         while self._busy and time.monotonic() < deadline:  # torchdata's threads finishing the batch in hand
             time.sleep(0.01)
-        if self._busy:
-            stuck = self._describe(next(iter(self._busy.values())))
+        stuck = self._stuck_in()
+        if stuck:
             log.warning("data.engine=threads: a loader thread is still in %s after %d s: left behind", stuck, JOIN_S)
 
 

@@ -42,6 +42,7 @@ from imgtrain.common.errors import ConfigError, RunError
 from imgtrain.config.datasets import MAX_IMAGE_PIXELS
 from imgtrain.data import decoders
 from imgtrain.data.decoders import DECODE_ERRORS, decode_problem, error_reason
+from imgtrain.data.reads import read_bytes
 from imgtrain.data.shards import engine, staging
 from imgtrain.data.shards.arguments import pixel_limit, whole_number
 from imgtrain.data.shards.destination import plan, save_partial
@@ -57,21 +58,18 @@ from imgtrain.host.cpus import available_cpus
 DEFAULT_SHARD_MB = 64
 
 
+class PackFailed(RuntimeError):
+    """An error PackImage did not expect, raised with the file it was packing (LitData reports only the message)."""
+
+
 class PackImage:
     """LitData's `fn`, in its worker processes: one source image as a sample, or None (left out) when it cannot
     be decoded (or is above `max_pixels`, as training would find it). Unreadable files go to a per-process file in
     `report_dir`; `done` counts images for the bar. With `max_side.side` (--max-side), an image larger than that
     is stored downscaled (downscale.py) and counted in `shrunk`; any other as its bytes."""
 
-    def __init__(
-        self,
-        root: Path,
-        report_dir: str,
-        done,
-        max_pixels: int | None = MAX_IMAGE_PIXELS,
-        max_side: MaxSide = AS_STORED,
-        shrunk=None,
-    ) -> None:
+    def __init__(self, root: Path, report_dir: str, done, max_pixels: int | None = MAX_IMAGE_PIXELS,
+                 max_side: MaxSide = AS_STORED, shrunk=None) -> None:  # fmt: skip
         self.root, self.report_dir, self.done, self.max_pixels = root, report_dir, done, max_pixels
         self.max_side, self.shrunk = max_side, shrunk
         self.parent = os.getpid()
@@ -82,10 +80,16 @@ class PackImage:
             # its workers. A parent that had already run a parallel kernel (OpenMP's pool started) left a pool the
             # child cannot use: the child's first multi-threaded op waited forever (seen in the test suite)
             torch.set_num_threads(1)
-        index, relative, label = item
+        try:
+            return self._packed(*item)
+        except Exception as error:  # LitData reports a worker's error by its message alone: it names the file here
+            reason, kind = error_reason(error), type(error).__name__
+            raise PackFailed(f"{item[1]}: {reason if reason == kind else f'{kind}: {reason}'}") from error
+
+    def _packed(self, index: int, relative: str, label: int) -> dict | None:
         path = self.root / relative
         try:
-            data = path.read_bytes()
+            data = bytes(read_bytes(str(path), self.max_pixels))  # a regular file, its size and the cap at most
             problem = decode_problem(data, str(path), self.max_pixels)
         except OSError as error:
             data, problem = b"", error.strerror or str(error)
@@ -188,9 +192,11 @@ def pack_split(
 
 def _engine_error(url: str, error: Exception) -> RunError:
     """One line for LitData failing to write a split: it reports a worker's error with the worker's traceback in
-    the message, whose last line says what happened."""
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    reason = lines[-1].rstrip(".") if lines else type(error).__name__
+    the message ("We found the following error Traceback ... ."): PackImage's own line where there is one (it names
+    the file), else the traceback's last exception line."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip().strip(".")]
+    named = [line.split(f"{PackFailed.__name__}: ", 1)[1] for line in lines if f"{PackFailed.__name__}: " in line]
+    reason = named[-1] if named else lines[-1].rstrip(".") if lines else type(error).__name__
     return RunError(redact(f"{url}: LitData could not write the split ({reason}); run the same command again"))
 
 

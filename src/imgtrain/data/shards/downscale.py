@@ -9,8 +9,9 @@ Pixels: PIL decodes the file (a JPEG at 1/2, 1/4 or 1/8 scale where that still l
 as Pillow's own `thumbnail` does: 1.9x the full decode's rate on 12-MP photos in that benchmark), converts it to
 8-bit RGB as training's decoder does (16-bit samples scaled by `decoders.to_uint8`, not clipped; alpha dropped),
 resizes it with Lanczos so that the longer side is N, and turns it upright by its EXIF orientation
-(`ImageOps.exif_transpose`). The result is a baseline 8-bit RGB JPEG (`QUALITY`, `SUBSAMPLING`) without metadata:
-a PNG, WebP or CMYK JPEG above N comes out as one too, which `dataset.decode=cuda` reads.
+(`ImageOps.exif_transpose`), a JPEG's read as training's decoder reads it (data/jpeg.py: where PIL reads another
+APP1 segment than TorchCodec, TorchCodec's). The result is a baseline 8-bit RGB JPEG (`QUALITY`, `SUBSAMPLING`)
+without metadata: a PNG, WebP or CMYK JPEG above N comes out as one too, which `dataset.decode=cuda` reads.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from PIL import ExifTags, Image, ImageMode, ImageOps
 
 from imgtrain.config.datasets import MAX_IMAGE_PIXELS
 from imgtrain.data.decoders import pil_guard, pil_orientation, to_uint8
+from imgtrain.data.jpeg import jpeg_header
 
 # JPEG quality of a downscaled image (libjpeg's 1-100 scale; --max-side-quality's default): a high setting, so the
 # artefacts of this second encoding stay small next to what augmentation changes (benchmarks/photos.py writes its
@@ -56,7 +58,8 @@ class MaxSide:
         with pil_guard(max_pixels), Image.open(io.BytesIO(data)) as image:
             if max(image.size) <= self.side:
                 return None
-            return downscaled(image, self.side, self.quality)
+            frame = jpeg_header(data)  # a JPEG turns as training's decoder turns it (jpeg.exif_orientation)
+            return downscaled(image, self.side, self.quality, frame.orientation if frame else None)
 
 
 AS_STORED = MaxSide()  # no --max-side: every image packed as its file's bytes
@@ -73,9 +76,10 @@ def target_size(width: int, height: int, side: int) -> tuple[int, int]:
     return scaled(width), scaled(height)
 
 
-def downscaled(image: Image.Image, side: int, quality: int = QUALITY) -> bytes:
-    """`image` (opened, not yet decoded) with its longer side `side`, upright, as JPEG bytes."""
-    orientation = pil_orientation(image)
+def downscaled(image: Image.Image, side: int, quality: int = QUALITY, orientation: int | None = None) -> bytes:
+    """`image` (opened, not yet decoded) with its longer side `side`, upright, as JPEG bytes: turned by
+    `orientation` (EXIF's, 1-8), or where None by the one PIL reads."""
+    orientation = pil_orientation(image) if orientation is None else orientation
     size = target_size(*image.size, side)  # in the stored orientation: a transposition swaps it, keeping `side`
     drafted = image.draft("RGB", (size[0] * _DRAFT_GAP, size[1] * _DRAFT_GAP))  # JPEG only; else None
     box = drafted[1] if drafted else None  # the original's extent in the reduced image (its last pixel may be part)
