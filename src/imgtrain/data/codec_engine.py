@@ -28,13 +28,14 @@ _REGIONS_LOCK = threading.Lock()
 
 class CodecDecoder:
     """One nvImageCodec decoder for `device` with `backends` (region_probe.BACKEND_KINDS' names, in the order they
-    are tried; default: all of the GPU's, or the host's alone)."""
+    are tried; default: all of the GPU's, or the host's alone) and `threads` host threads (0: one per core)."""
 
     def __init__(
         self,
         device: torch.device,
         backends: tuple[str, ...] | None = None,
         share: float = region_probe.HARDWARE_SHARE,
+        threads: int = 0,
     ) -> None:
         self.codec = region_probe.import_codec()
         self.device = device
@@ -43,7 +44,7 @@ class CodecDecoder:
         self.share = share
         index = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
         self.index = index
-        self.decoder = region_probe.make_decoder(self.codec, index, self.backends, share)
+        self.decoder = region_probe.make_decoder(self.codec, index, self.backends, share, threads)
         self.params = region_probe.decode_params(self.codec)
         self.held: list[Any] = []  # the last call's images, kept until the next fence (see `decode`)
 

@@ -2,6 +2,7 @@
 
 torchvision's batched GPU decode blocks its caller until the batch is decoded, so it runs in a background
 thread on its own CUDA stream, ahead of the model. Every decode is fenced against nvJPEG's stream-order bug.
+dataset.gpu_decoder=nvimgcodec puts nvImageCodec's region decoder (data/region_decode.py) in the same thread.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from imgtrain.data.stages import StreamTimer
 
 class GpuJpegBatches:
     """dataset.decode=cuda: a background thread decodes each batch's JPEGs with nvJPEG and transforms them on
-    its own CUDA stream, up to `depth` batches ahead of the model.
+    its own CUDA stream, up to `depth` batches ahead of the model; `decoder` (a Batch and the device to the
+    decoded Batch): another than torchvision's, e.g. region_decode.RegionBatchDecoder.
 
     torchvision's GPU decode blocks the calling thread until the batch is decoded; in a thread of its own it
     overlaps the training step, so the loop's data wait (time blocked in `next()`) is real starvation. Use it

@@ -79,16 +79,18 @@ def quiet_native_output() -> Iterator[None]:
                 log.debug("nvImageCodec: %s", " | ".join(text.splitlines()))
 
 
-def make_decoder(codec: ModuleType, device_index: int | None, backends: tuple[str, ...], share: float) -> Any:
+def make_decoder(
+    codec: ModuleType, device_index: int | None, backends: tuple[str, ...], share: float, threads: int = 0
+) -> Any:
     """An nvImageCodec Decoder on GPU `device_index` (None: the host alone) with these backends in order, the
-    hardware engine given `share` of each batch."""
+    hardware engine given `share` of each batch; `threads`: its host threads (0: one per core, its default)."""
     chosen = [
         codec.Backend(getattr(codec.BackendKind, BACKEND_KINDS[name]), load_hint=share if name == "hardware" else 1.0)
         for name in backends
     ]
     device = codec.NVIMGCODEC_DEVICE_CPU_ONLY if device_index is None else device_index
     with quiet_native_output():
-        return codec.Decoder(device_id=device, backends=chosen)
+        return codec.Decoder(device_id=device, max_num_cpu_threads=threads, backends=chosen)
 
 
 def decode_params(codec: ModuleType) -> Any:
