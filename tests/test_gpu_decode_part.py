@@ -8,11 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from imgtrain.data import region_probe
+from imgtrain.host.optional import MissingEngine
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import gpu_decoders  # noqa: E402  benchmarks/gpu_decoders.py
 import photos  # noqa: E402  benchmarks/photos.py
 
-pytest.importorskip("nvidia.nvimgcodec", reason="the gpu-decode extra: pip install -e '.[gpu-decode]'")
+try:
+    region_probe.import_codec()
+except MissingEngine as missing:
+    pytest.skip(str(missing), allow_module_level=True)
 
 
 def test_the_decoder_part_measures_what_this_machine_has(tmp_path: Path) -> None:

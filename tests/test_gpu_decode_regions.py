@@ -33,7 +33,10 @@ from imgtrain.host.optional import MissingEngine
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from photos import render  # noqa: E402  benchmarks/photos.py: photo-like content at quality 90
 
-nvimgcodec = pytest.importorskip("nvidia.nvimgcodec", reason="the gpu-decode extra: pip install -e '.[gpu-decode]'")
+try:
+    region_probe.import_codec()
+except MissingEngine as missing:
+    pytest.skip(str(missing), allow_module_level=True)
 CPU = torch.device("cpu")
 SIZE = 64
 # (stored width, height, EXIF orientation, what PIL writes): the hardware engine's own kind, the kinds it refuses
@@ -109,6 +112,14 @@ def test_regions_decode_to_the_full_decodes_crops_on_every_kind(files: list[str]
     difference = (ours.images - cpu).abs()
     edges = [difference[..., 0, :], difference[..., -1, :], difference[..., 0], difference[..., -1]]
     assert difference.max() <= 1.01 and max(edge.max() for edge in edges) <= 1.01
+
+
+def test_any_other_transform_gets_whole_upright_images(files: list[str]) -> None:
+    """A transform the batched crop does not describe: each whole image, upright, through it, as torchvision's."""
+    batch = encoded(files, list(range(len(files))))
+    corner = lambda image: image[:, :8, :8]  # noqa: E731
+    ours = RegionBatchDecoder(corner)(batch, CPU).images
+    assert ours.dtype == torch.uint8 and torch.equal(ours, JpegBatchDecoder(corner)(batch, CPU).images)
 
 
 def test_only_each_crops_window_is_decoded(files: list[str]) -> None:
