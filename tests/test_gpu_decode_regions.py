@@ -29,6 +29,7 @@ from imgtrain.data.pipeline import decodes_on_gpu
 from imgtrain.data.region_decode import RegionBatchDecoder, batch_decoder, stored_regions
 from imgtrain.data.samples import GuardedSamples, collate
 from imgtrain.host.optional import MissingEngine
+from imgtrain.metrics import preflight
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from photos import render  # noqa: E402  benchmarks/photos.py: photo-like content at quality 90
@@ -217,6 +218,7 @@ def test_the_key_chooses_the_decoder_and_a_missing_extra_is_one_line(tmp_path: P
     args = ["dataset=imagefolder", f"dataset.root={tmp_path}", "dataset.decode=cuda", "dataset.gpu_decoder=nvimgcodec"]
     cfg = validate(compose_cfg(*args))
     assert cfg.dataset.gpu_decoder == GpuDecoder.nvimgcodec
+    assert preflight._decoder_in_use(cfg, None).startswith("nvImageCodec 0.9")  # metrics.json's decoder in use
     monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # as where the extra is not installed
     with pytest.raises(MissingEngine) as error:
         decodes_on_gpu(cfg, torch.device("cuda", 0))

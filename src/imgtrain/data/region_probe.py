@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import importlib.util
 import io
 import json
@@ -77,6 +78,17 @@ def quiet_native_output() -> Iterator[None]:
             text = sink.read(65536).decode(errors="replace").strip()
             if text:
                 log.debug("nvImageCodec: %s", " | ".join(text.splitlines()))
+
+
+def describe(backends: tuple[str, ...] = GPU_BACKENDS, share: float = HARDWARE_SHARE) -> str:
+    """What dataset.gpu_decoder=nvimgcodec decodes with, for metrics.json's environment (read from the package's
+    metadata: nothing imported)."""
+    try:
+        version = importlib.metadata.version("nvidia-nvimgcodec-cu13")
+    except importlib.metadata.PackageNotFoundError:
+        version = "(not installed)"
+    chain = " > ".join(f"{name} ({share:g})" if name == "hardware" else name for name in backends)
+    return f"nvImageCodec {version}: each crop's region, by region where its probe allows it ({chain})"
 
 
 def make_decoder(

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from imgtrain.config.datasets import Decode
+from imgtrain.config.datasets import Decode, GpuDecoder
 from imgtrain.config.schema import Config, Mode
-from imgtrain.data import decoders
+from imgtrain.data import decoders, region_probe
 from imgtrain.data.datasets import EncodedFileDataset, ImageFileDataset
 from imgtrain.data.pipeline import RunData
 from imgtrain.data.scaled_decode import binding
@@ -201,6 +201,8 @@ def _root(settings: Config) -> str | None:
 
 def _decoder_in_use(settings: Config, data: RunData) -> str:
     if getattr(settings.dataset, "decode", Decode.cpu) == Decode.cuda:
+        if getattr(settings.dataset, "gpu_decoder", GpuDecoder.torchvision) == GpuDecoder.nvimgcodec:
+            return region_probe.describe()
         return "nvJPEG (torchvision.io.decode_jpeg on the GPU)"
     if isinstance(data.bundle.train, ImageFileDataset | StreamedSplit):  # files decoded by the workers
         scaled = getattr(data.bundle.train, "scaled", False)  # dataset.scaled_decode
