@@ -87,7 +87,10 @@ class CodecDecoder:
         """[3, h, w] on the device: a device image through DLPack (its producer's work ordered before the current
         stream's), a host one (libjpeg-turbo's, or any image without a GPU) through NumPy, copied where needed."""
         if image.buffer_kind == self.codec.ImageBufferKind.STRIDED_DEVICE:
-            tensor = torch.from_dlpack(image)
+            try:
+                tensor = torch.from_dlpack(image)
+            except (TypeError, BufferError):  # a DLPack exchange this torch and nvImageCodec do not agree on
+                tensor = torch.as_tensor(image, device=self.device)  # __cuda_array_interface__: the stream decoded on
         else:
             tensor = torch.from_numpy(np.asarray(image))
             if self.device.type == "cuda":  # a file only the host decoded: its one copy
