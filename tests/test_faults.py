@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
+from helpers import ROOT
 from test_reads import unblocked
 from torch.utils.data import Dataset
 
@@ -289,3 +292,48 @@ def test_a_worker_stuck_in_an_open_is_stopped_without_waiting_for_it(tmp_path) -
             next_batch(batches, settings)
         assert time.monotonic() - started < 8  # the timeout, the worker's start, and no wait for it
         assert not any(worker.is_alive() for worker in workers)
+
+
+STUCK_DATASET = """
+import torch
+from torch.utils.data import Dataset
+
+
+class Stuck(Dataset):
+    classes = ["a", "b"]
+
+    def __init__(self, split, fifo):
+        self.fifo = fifo
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        if index == 20:  # a path its code opens that is a FIFO: the open waits for a writer
+            with open(self.fifo, "rb") as f:
+                f.read()
+        return torch.full((3, 32, 32), index, dtype=torch.uint8), index % 2
+"""
+
+
+@pytest.mark.slow  # a train.py run: about a minute on 2 busy cores
+def test_a_run_stopped_by_data_timeout_exits_promptly_after_its_line(tmp_path) -> None:
+    """The whole process: the line, the checkpoint, and the exit within seconds of the line (25.8 s after it
+    before, when the worker stuck in an open outlived the shutdown's SIGTERM by its grace)."""
+    (tmp_path / "stuck_dataset.py").write_text(STUCK_DATASET)
+    os.mkfifo(fifo := tmp_path / "x.jpg")
+    args = ["dataset=custom", "dataset._target_=stuck_dataset.Stuck", f"+dataset.fifo={fifo}", "data.timeout=3"]
+    args += ["dataset.image_size=32", "data.batch_size=4", "data.num_workers=1", "data.persistent_workers=false"]
+    args += ["train.epochs=1", "metrics.compute_probe=false", f"hydra.run.dir={tmp_path / 'run'}"]
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env["PYTHONUNBUFFERED"] = "1"
+    with unblocked(fifo, after_s=120):
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True
+        )
+        line = next((text for text in proc.stderr if text.startswith("error: ")), "")
+        seen = time.monotonic()
+        proc.wait(timeout=120)
+    assert time.monotonic() - seen < 10, line
+    assert proc.returncode == 1 and "DataLoader timed out after 3.0 seconds" in line
+    assert (tmp_path / "run" / "checkpoints" / "last.pt").exists()

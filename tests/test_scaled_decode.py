@@ -226,7 +226,7 @@ SEEDS = Path(__file__).resolve().parent / "fuzz_seeds" / "jpeg"
 def test_a_progressive_header_counts_in_full_at_any_scale(seed: str, binding: str, monkeypatch) -> None:
     """libjpeg holds a progressive file's (or a one-component-a-scan file's) DCT coefficients whole, at any output
     scale: its header's pixels count, not those at 1/8. A 16000 x 16000 claim under a 4-MP limit (250,000 px at 1/8)
-    held 770 MB of coefficients before being refused; now it is refused unread, as in a full decode."""
+    held 781 MB of coefficients before being refused; now it is refused unread, as in a full decode."""
     if binding == "PIL":
         monkeypatch.setattr(scaled_decode, "simplejpeg", None)
     data = bytearray((SEEDS / seed).read_bytes())
