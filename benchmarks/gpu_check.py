@@ -246,14 +246,19 @@ def measure(check: Check, row: gpu_rows.Row, cuda: bool | None, data: dict | Non
     return entry | {"not_measured": f"not measured: {why[:300]}"}
 
 
+def photos_folder(check: Check) -> Path:
+    """The mixed-size JPEG folder the decoder part and the ResNet-50 rows read."""
+    counts, side = photos.spec(check.args.quick)
+    return photos.folder_for(check.workdir / "data" / "photos", counts, scale=side)
+
+
 def section_rows(check: Check, cuda: bool | None, data_process: subprocess.Popen | None) -> list[gpu_rows.Row]:
     """The headline rows, each judged as it ends; the rows, for the profile part."""
     workers = 1 if check.args.quick else "auto"  # auto: the cores left beside the training process's threads
-    counts, side = photos.spec(check.args.quick)
-    folder = photos.folder_for(check.workdir / "data" / "photos", counts, scale=side)
-    chosen = check.report["sections"].get("decoders", {}).get("chosen")  # the decoder part's fastest GPU decoder
-    rows = gpu_rows.check_rows(check.scale, str(folder), workers, chosen)
-    if check.args.only:
+    # the decoder part's fastest GPU decoder, or --gpu-decoder's where it did not run (a second call, --only)
+    chosen = check.report["sections"].get("decoders", {}).get("chosen") or check.args.gpu_decoder
+    rows = gpu_rows.check_rows(check.scale, str(photos_folder(check)), workers, chosen)
+    if check.args.only:  # row keys, and "decoders" for the decoder part
         rows = [row for row in rows if row.key in check.args.only.split(",")]
     check.report["pending"] = [row.key for row in rows]
     # Every row waits for the generator to end, whether it reads its files or not: 16 processes drawing images
@@ -292,6 +297,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tests", choices=("stated", "all", "none"), default="stated", help="which GPU tests")
     parser.add_argument("--tests-limit-s", type=float, default=TESTS_LIMIT_S, help="the tests' own limit")
     parser.add_argument("--only", help="comma-separated row keys to run (default: every row)")
+    parser.add_argument("--no-decoders", dest="decoders", action="store_false", help="leave out the decoder part")
+    parser.add_argument(
+        "--gpu-decoder", help="dataset.gpu_decoder for r50_jpeg_cuda when the decoder part does not run"
+    )
     parser.add_argument("--commit", help="the commit the tree is (the GPU box has no .git)")
     parser.add_argument("--quick", action="store_true", help="rows scaled down: a smoke test, not figures")
     parser.add_argument("--make-data", action="store_true", help=argparse.SUPPRESS)  # the background process
@@ -316,6 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     check.report["sections"]["tests"] = tests = gpu_parts.section_tests(check, env.get("packages", {}))
     check.save()
     try:
+        only = check.args.only.split(",") if check.args.only else ["decoders"]
+        if check.args.decoders and "decoders" in only and (cuda is not False or check.args.quick):  # quick: the host
+            data = data_ready(check, data_process) if check.left() >= MIN_START_S else {"error": "the deadline"}
+            check.report["sections"]["decoders"] = gpu_parts.section_decoders(check, photos_folder(check), data)
+            check.save()
         rows = section_rows(check, cuda, data_process)
         check.report["sections"]["profile"] = gpu_parts.section_profile(check, rows)
         archive_runs(check)

@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT / "src"))
 REQUIRED = {"torch": "torch", "torchvision": "torchvision", "hydra-core": "hydra", "omegaconf": "omegaconf"}
 REQUIRED |= {"tensorboard": "tensorboard", "psutil": "psutil", "nvidia-ml-py": "pynvml", "pytest": "pytest"}
 OPTIONAL = {"torchcodec": "torchcodec.decoders", "timm": "timm", "matplotlib": "matplotlib", "litdata": "litdata"}
-OPTIONAL |= {"boto3": "boto3", "optuna": "optuna"}
+OPTIONAL |= {"boto3": "boto3", "optuna": "optuna", "nvidia-nvimgcodec-cu13": "nvidia.nvimgcodec"}
+OPTIONAL |= {"simplejpeg": "simplejpeg", "torchdata": "torchdata"}
 
 
 def _line(error: BaseException) -> str:

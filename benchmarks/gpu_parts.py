@@ -16,6 +16,7 @@ import gpu_tests  # benchmarks/gpu_tests.py
 
 BENCHMARKS = Path(__file__).resolve().parent
 MIN_START_S = 15  # a part is started only with this much left before the deadline: less measures nothing
+DECODERS_LIMIT_S = 60  # the decoder part: decode-only rates of every decoder, before the rows
 # The profiled run: the row's own arguments, with the steps to reach a steady state (compilation, the workers' start),
 # one profiler warm-up step and PROFILE_STEPS recorded (metrics/profiling.py), then a few more
 PROFILE_STEPS, PROFILE_LIMIT_S = 5, 120
@@ -53,6 +54,31 @@ def section_tests(check: Any, packages: dict) -> dict:
     result["status"] = cut or ("ran" if status in (0, 1, 5) else f"pytest ended with exit status {status}")
     failed = ", ".join(result["failed"]) or "none failed"
     check.log(f"tests: {result['status']}: {result['passed']} passed, {failed}, {result['skipped']} skipped")
+    return result
+
+
+def section_decoders(check: Any, folder: Path, data: dict) -> dict:
+    """The decoder part (benchmarks/gpu_decoders.py) in a process of its own: each decoder's decode-only images/s
+    on the mixed folder, and `chosen`, the dataset.gpu_decoder the JPEG row then uses."""
+    if "error" in data:
+        return {"status": f"not run: the photos dataset: {data['error']}"}
+    if check.left() < MIN_START_S:
+        return {"status": f"not run: the deadline ({check.args.deadline_s:.0f} s)"}
+    limit, report = min(DECODERS_LIMIT_S, check.left()), check.workdir / "decoders.json"
+    report.unlink(missing_ok=True)
+    sizes = ["--batch-size", "8", "--batches", "2", "--rounds", "2"] if check.args.quick else []
+    argv = [*gpu_rows.python(), str(BENCHMARKS / "gpu_decoders.py"), f"--folder={folder}", f"--json={report}"]
+    argv += [*sizes, f"--limit-s={max(1.0, limit - 20)}"]  # its rounds stop in time for the process to end
+    log = check.workdir / "decoders.log"
+    log.write_text("")
+    check.log(f"decoders: limit {limit:.0f} s")
+    status, cut = check.run(argv, limit, log)
+    if status == 0 and report.exists():
+        result = {"status": "ran"} | json.loads(report.read_text())
+    else:
+        lines = log.read_text(errors="replace").strip().splitlines()
+        result = {"status": f"failed: {cut or (lines[-1][:300] if lines else f'exit status {status}')}"}
+    check.log(f"decoders: {result['status']}; chosen: {result.get('chosen')}")
     return result
 
 

@@ -154,6 +154,11 @@ def _sections(report: dict) -> list[str]:
         lines.append(f"- Data: {data.get('error') or data.get('status', 'not started')}")
     if report.get("pending"):
         lines.append(f"- Rows still to run when this was written: {', '.join(report['pending'])}")
+    decoders = report["sections"].get("decoders")
+    if decoders and decoders.get("table"):
+        lines += ["", *decoders["table"], ""]
+    elif decoders:
+        lines.append(f"- Decoders: {decoders['status']}")
     profile = report["sections"].get("profile")
     if profile:
         where = " (runs.tar.gz: runs/profile/)" if profile["status"] == "ran" else ""

@@ -8,7 +8,7 @@ import re
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-T, A = "tests/test_gpu.py::", "tests/test_gpu_augment.py::"
+T, A, N = "tests/test_gpu.py::", "tests/test_gpu_augment.py::", "tests/test_gpu_decode_cuda.py::"
 SYNC = f"{T}test_no_host_device_sync_between_two_logging_windows"
 # The GPU tests gpu-check runs by default, by the CUDA path each covers, the quick ones first and the compiling
 # ones last (a cut run loses those first). `make test-gpu` runs every GPU test in 4-5 minutes (16 in 3 on
@@ -33,6 +33,11 @@ GPU_TESTS = {
     ),
     "the default path": (f"{SYNC}[default]",),
     "mixup/EMA": (f"{SYNC}[recipe]",),
+    "dataset.gpu_decoder=nvimgcodec": (
+        f"{N}test_nvimgcodec_regions_on_the_gpu_crop_what_torchvision_crops[train]",
+        f"{N}test_nvimgcodec_decodes_never_overwrite_memory_that_queued_kernels_still_read",
+        f"{N}test_nvimgcodec_writes_into_torch_without_a_copy",
+    ),
 }
 # The compiling tests (61 s of the 2026-11-27 call, on an H200): with --tests all, or `make test-gpu`. The rows
 # compile the same models (r50_ceiling_compiled, the CUDA-graphs rows), so a compilation that fails shows there

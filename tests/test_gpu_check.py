@@ -108,6 +108,10 @@ def test_the_quick_check_runs_every_part_in_the_gpu_box(gpu_box: gpubox.Box, tmp
     assert share["of"] == "r18_ceiling" and (
         share["value"] or "needs TorchCodec" in rows["r18_dataloader"]["not_measured"]
     )
+    decoders = report["sections"]["decoders"]  # the host's decoders here: no GPU decoder, none chosen
+    assert decoders["status"] == "ran" and decoders["chosen"] is None and decoders["rounds"] >= 1, decoders
+    assert any(row["decoder"] == "cpu path" and row["images_per_s"] > 0 for row in decoders["decoders"]), decoders
+    assert "| cpu path |" in (out / "gpu-check.md").read_text()
     profile = report["sections"]["profile"]  # the slowest JPEG row profiled, where one was measured
     assert profile["status"] == "ran" or profile["status"] == "not run: no JPEG row was measured", profile
     with tarfile.open(out / "runs.tar.gz") as tar:

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 import yaml
+from bounded import within
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
@@ -25,7 +27,7 @@ dist = optuna.distributions
 
 
 def test_the_override_grammar_becomes_optunas_distributions() -> None:
-    space, fixed = search_space(
+    space = search_space(
         optuna,
         [
             "data.num_workers=choice(0, 2, 4)",
@@ -36,19 +38,62 @@ def test_the_override_grammar_becomes_optunas_distributions() -> None:
             "data.batch_size=64",
         ],
     )
-    assert space == {
+    assert space.distributions == {
         "data.num_workers": dist.CategoricalDistribution((0, 2, 4)),
         "data.pin_memory": dist.CategoricalDistribution((True, False)),
         "data.prefetch_factor": dist.IntDistribution(2, 8, step=2),
         "optim.lr": dist.FloatDistribution(1e-4, 1e-1, log=True),
         "optim.momentum": dist.FloatDistribution(0.8, 0.99),
     }
-    assert fixed == {"data.batch_size": "64"}
+    assert space.fixed == {"data.batch_size": "64"}
 
 
 def test_a_key_the_command_line_fixes_leaves_the_space() -> None:
-    space, fixed = search_space(optuna, ["data.num_workers=choice(0, 2)", "data.num_workers=0"])
-    assert space == {} and fixed == {"data.num_workers": "0"}
+    space = search_space(optuna, ["data.num_workers=choice(0, 2)", "data.num_workers=0"])
+    assert space.distributions == {} and space.fixed == {"data.num_workers": "0"}
+
+
+def test_a_quoted_choice_goes_back_to_hydra_as_one_quoted_value() -> None:
+    """choice('threads,dataloader') came back as data.engine=threads,dataloader: a comma sweep, which Hydra refuses
+    in a job ("Ambiguous value"). Each choice is written back so that Hydra parses the value Optuna drew."""
+    line = "x=choice('threads,dataloader', dataloader, 'true', '1', \"it's\", [1,'a,b'], 2, true)"
+    space = search_space(optuna, [line, "y='a,b'"])
+    drawn = space.distributions["x"].choices
+    assert drawn == ("threads,dataloader", "dataloader", "true", "1", "it's", "[1,'a,b']", 2, True)
+    parser = OverridesParser.create()
+    for value in drawn:
+        overrides = parser.parse_overrides(space.overrides({"x": value}))
+        assert not any(override.is_sweep_override() for override in overrides)
+        parsed = {override.key_or_group: override.value() for override in overrides}
+        assert parsed == {"x": [1, "a,b"] if value == "[1,'a,b']" else value, "y": "a,b"}
+    assert space.overrides({"x": "dataloader"}) == ["x=dataloader", "y='a,b'"]  # a plain word stays as written
+
+
+def test_a_quoted_choice_reaches_the_job_as_one_value(tmp_path: Path) -> None:
+    params = {"data.engine": "choice('threads,dataloader')"}
+    sweeper, launcher = _search(tmp_path, lambda job: 1.0, params=params, n_trials=1, n_jobs=1)
+    sweeper.sweep([])
+    parsed = OverridesParser.create().parse_overrides(launcher.batches[0][1][0])
+    assert [(o.key_or_group, o.value(), o.is_sweep_override()) for o in parsed] == [
+        ("data.engine", "threads,dataloader", False)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("x=interval(5, 1)", "x: 'x=interval(5, 1)' cannot be searched: "),
+        ("x=tag(log, interval(0, 1))", "x: 'x=tag(log, interval(0, 1))' cannot be searched: "),
+        ("x=shuffle(range(0, 1000000000))", "cannot be searched: 1000000000 choices, more than 10000"),
+        ("x=choice(1,", "x: 'x=choice(1,' cannot be searched: "),
+        ("x=glob(*)", "x: 'x=glob(*)' cannot be searched: "),
+    ],
+)
+def test_a_space_optuna_cannot_draw_from_is_one_line_naming_the_key(line: str, said: str) -> None:
+    with within(5, "the search space"), pytest.raises(ConfigError) as caught:
+        search_space(optuna, [line])
+    assert str(caught.value).startswith("hydra.sweeper.params.") and said in str(caught.value)
+    assert "\n" not in str(caught.value)
 
 
 def test_directions_are_checked() -> None:

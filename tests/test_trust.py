@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.distributed_c10d as c10d
+from bounded import within
 from helpers import FAST, compose_cfg
 
 from imgtrain.common.errors import ConfigError, RunError
@@ -106,6 +107,40 @@ def test_a_checkpoint_schedule_of_any_shape_is_not_read(checkpoint: Path, tmp_pa
     payload = torch.load(checkpoint, weights_only=True)
     payload["scheduler"] = [1]
     _resume_from(payload, tmp_path / "edited.pt", tmp_path / "run")  # train.max_steps=2 again: trains 0 more steps
+    assert (tmp_path / "run" / "metrics.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "said"),
+    [
+        ("epoch", "past this run's 1 epoch(s) (train.epochs=1)"),
+        ("samples_in_epoch", "more than one epoch of this run's data holds (at most 352)"),
+        ("step", "more optimizer steps than the samples of 0 epoch(s) and 64 more (at most 64)"),
+    ],
+)
+def test_stored_progress_this_run_cannot_reach_is_one_line_at_once(
+    checkpoint: Path, tmp_path: Path, field: str, said: str
+) -> None:
+    """A huge epoch or sample count positioned the LR schedule by replaying it, about 2.5 us a step: days for 10**12.
+    (8 steps of 32 an epoch here: one epoch holds fewer than (8 + 2) x 32 + the checkpoint's batch, 32.)"""
+    payload = torch.load(checkpoint, weights_only=True)
+    payload["progress"][field] = 10**12
+    with within(30, "resuming"), pytest.raises(RunError) as caught:
+        _resume_from(payload, tmp_path / "edited.pt", tmp_path / "run")
+    line = str(caught.value)
+    assert "\n" not in line and line.startswith(f"the checkpoint {tmp_path / 'edited.pt'} holds progress this run")
+    assert f"its field progress.{field} is 1000000000000, {said}" in line
+
+
+def test_the_schedule_is_positioned_within_this_runs_own_steps(checkpoint: Path, tmp_path: Path) -> None:
+    """An epoch this run allows, far past the steps it takes (train.max_steps=2): positioning the LR schedule
+    costs at most this run's own steps, not the 80 million the stored epoch stands for."""
+    payload = torch.load(checkpoint, weights_only=True)
+    payload["progress"].update(epoch=10**7, samples_in_epoch=0)
+    torch.save(payload, tmp_path / "far.pt")
+    resume = f"checkpoint.resume={tmp_path / 'far.pt'}"
+    with within(30, "resuming"):
+        run(compose_cfg(*QUICK, "train.epochs=10000000", resume, output_dir=str(tmp_path / "run")))
     assert (tmp_path / "run" / "metrics.json").exists()
 
 

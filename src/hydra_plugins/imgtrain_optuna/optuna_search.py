@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
@@ -27,7 +28,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.imgtrain_optuna.config import Direction
-from hydra_plugins.imgtrain_optuna.space import search_space
+from hydra_plugins.imgtrain_optuna.space import SearchSpace, search_space
+from imgtrain.common.credentials import masked, url_secrets
 from imgtrain.common.errors import EXIT_FAILED, ConfigError, RunEnded, first_line
 from imgtrain.host.dist import global_rank
 from imgtrain.host.optional import LOAD_ERRORS, require
@@ -42,6 +44,13 @@ log = logging.getLogger(__name__)
 NEEDED_BY = "hparams_search (Optuna's search)"
 FAILED = "the job failed: "  # how run.NotMeasured, and this module, begin the reason of a job that failed
 RESULTS = "optimization_results.yaml"  # the best trial, where hydra-optuna-sweeper wrote it
+# Opening the study: a database that does not answer (a host that drops packets, a server that accepts and stays
+# silent) ends the search in one line after this long, not after the driver's own wait, which may be none
+STORAGE_TIMEOUT_S = 60.0
+STORAGE_FROM_ENVIRONMENT = (
+    "put the URL in an environment variable and pass hydra.sweeper.storage='${oc.env:OPTUNA_STORAGE}' (or only "
+    "the password: postgresql://user:${oc.env:DB_PASSWORD}@host/db)"
+)
 
 
 def directions_of(direction: Any) -> list[str]:
@@ -71,6 +80,48 @@ def objective(job: JobReturn, directions: int) -> list[float] | str:
     return floats
 
 
+def refuse_written_password(storage: str | None, config: DictConfig) -> None:
+    """ConfigError when a password of the storage URL stands in the config as written: Hydra writes the config
+    unresolved into every job's .hydra/hydra.yaml (and the command line's overrides with it), so a password is kept
+    out of the job folders only when it comes from the environment, through an interpolation."""
+    written = OmegaConf.to_yaml(config)  # what Hydra writes: interpolations such as ${oc.env:...} as they stand
+    if storage and any(secret in written for secret in url_secrets(storage)):
+        raise ConfigError(
+            f"hydra.sweeper.storage={masked(storage, storage)} holds a password, which every job's .hydra/hydra.yaml "
+            f"would keep: {STORAGE_FROM_ENVIRONMENT}"
+        )
+
+
+def open_study(storage: str | None, **keys: Any) -> Any:
+    """optuna.create_study, its failure one line (a URL SQLAlchemy cannot parse, a driver not installed, a database
+    that refuses or does not answer within STORAGE_TIMEOUT_S), the URL's credentials masked in it. A database server
+    is opened in a thread this one waits for at most that long; SQLite (a local file, or memory, whose connections
+    SQLAlchemy keeps per thread) in this thread, its locks bounded by sqlite's own timeout (5 s)."""
+    outcome: dict[str, Any] = {}
+
+    def create() -> None:
+        try:
+            outcome["study"] = optuna.create_study(storage=storage, **keys)
+        except Exception as error:  # noqa: BLE001 - whatever the database or its driver raise: the same one line
+            outcome["error"] = error
+
+    if storage is None or str(storage).startswith("sqlite"):
+        create()
+    else:
+        opening = threading.Thread(target=create, name="optuna-storage", daemon=True)  # left behind if it hangs
+        opening.start()
+        opening.join(STORAGE_TIMEOUT_S)
+    if "study" in outcome:
+        return outcome["study"]
+    shown = masked(str(storage), str(storage))
+    error = outcome.get("error")
+    why = masked(first_line(error), str(storage)) if error else f"no answer within {STORAGE_TIMEOUT_S:g} s"
+    raise ConfigError(
+        f"hydra.sweeper.storage={shown}: Optuna cannot open the study there ({why}): expected a database URL that "
+        "SQLAlchemy reads, such as sqlite:///search.db, with its driver installed and the database answering"
+    )
+
+
 class OptunaSearch(Sweeper):
     """Ask Optuna for `n_jobs` trials at a time, launch them as Hydra jobs, tell it each job's figure."""
 
@@ -96,6 +147,7 @@ class OptunaSearch(Sweeper):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         require("optuna", NEEDED_BY)  # one line, before any job, when the extra is missing
+        refuse_written_password(self.storage, config)
         self.config, self.hydra_context = config, hydra_context
         self.sweep_dir = Path(config.hydra.sweep.dir)
         self.launcher = Plugins.instance().instantiate_launcher(
@@ -107,7 +159,7 @@ class OptunaSearch(Sweeper):
             sampler = instantiate(self.sampler_conf) if self.sampler_conf is not None else None
         except Exception as error:  # a sampler Optuna does not have, or a key it does not take
             raise ConfigError(f"hydra.sweeper.sampler cannot be built: {first_line(error)}") from error
-        study = optuna.create_study(
+        study = open_study(
             study_name=self.study_name,
             storage=self.storage,
             sampler=sampler,
@@ -118,12 +170,12 @@ class OptunaSearch(Sweeper):
         return study
 
     def sweep(self, arguments: list[str]) -> None:
-        space, fixed = search_space(optuna, [f"{key}={value}" for key, value in self.params.items()] + arguments)
+        space = search_space(optuna, [f"{key}={value}" for key, value in self.params.items()] + arguments)
         study = self._study()
         launched, reasons = 0, []  # why each trial without a figure has none
         while launched < self.n_trials:
-            trials = [study.ask(space) for _ in range(min(self.n_jobs, self.n_trials - launched))]
-            overrides = [self._overrides(trial, fixed) for trial in trials]
+            trials = [study.ask(space.distributions) for _ in range(min(self.n_jobs, self.n_trials - launched))]
+            overrides = [self._overrides(trial, space) for trial in trials]
             self.validate_batch_is_legal(overrides)
             jobs = self.launcher.launch(overrides, initial_job_idx=launched)
             launched += len(jobs)
@@ -138,10 +190,10 @@ class OptunaSearch(Sweeper):
         self._write_results(study, reasons)
 
     @staticmethod
-    def _overrides(trial: Any, fixed: dict[str, str]) -> list[str]:
-        for key, value in fixed.items():
+    def _overrides(trial: Any, space: SearchSpace) -> list[str]:
+        for key, value in space.fixed.items():
             trial.set_user_attr(key, value)
-        return [f"{key}={value}" for key, value in {**trial.params, **fixed}.items()]
+        return space.overrides(trial.params)
 
     def _tell(self, study: Any, trial: Any, job: JobReturn) -> str | None:
         """Tell Optuna the job's figure; the reason it has none, after telling Optuna the trial failed."""

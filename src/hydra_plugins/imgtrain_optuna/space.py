@@ -4,18 +4,68 @@ log scale; a plain value (`data.num_workers=0` on the command line) fixes the ke
 
 Meaning for meaning hydra-optuna-sweeper's, on the distributions of Optuna >= 3 (IntDistribution and
 FloatDistribution, which replace the five it used); `optuna` is the module, passed in by the one caller that has
-imported it (the extra is optional).
+imported it (the extra is optional). A trial's values go back to Hydra as overrides that parse to the same values:
+`choice('threads,dataloader')` stays one quoted string, never a comma sweep.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep, Transformer
+from hydra.core.override_parser.types import IntervalSweep, Override, Quote, QuotedString, RangeSweep
+from hydra.errors import HydraException
 
-from imgtrain.common.errors import ConfigError
+from imgtrain.common.errors import ConfigError, first_line
+
+MAX_CHOICES = 10_000  # a categorical's choices: shuffle(range(...)) lists every one before the search starts
+_PARSER = OverridesParser.create()
+
+
+@dataclass
+class SearchSpace:
+    """What the search draws (`distributions`), what it fixes (`fixed`: each value as written), and how each
+    categorical choice is written back (`choices`: the override text of each, in the distribution's order)."""
+
+    distributions: dict[str, Any] = field(default_factory=dict)
+    fixed: dict[str, str] = field(default_factory=dict)
+    choices: dict[str, list[str]] = field(default_factory=dict)
+
+    def overrides(self, params: dict[str, Any]) -> list[str]:
+        """A trial's `params`, then the fixed values, as overrides that parse back to the same values."""
+        drawn = {key: self._text(key, value) for key, value in params.items()}
+        return [f"{key}={value}" for key, value in {**drawn, **self.fixed}.items()]
+
+    def _text(self, key: str, value: Any) -> str:
+        if key in self.choices:
+            return self.choices[key][int(self.distributions[key].to_internal_repr(value))]
+        return Override._get_value_element_as_str(value)  # a number: its literal
+
+
+def _as_written(text: str) -> str:
+    """A string as an override's value that parses back to that string: as it is where Hydra reads it so (a plain
+    word), else quoted (commas, brackets, 'true', '1', spaces at either end)."""
+    try:
+        parsed = _PARSER.parse_override(f"k={text}")
+        if not parsed.is_sweep_override() and parsed.value() == text and isinstance(parsed.value(), str):
+            return text
+    except HydraException:
+        pass
+    return QuotedString(text=text, quote=Quote.single).with_quotes()
+
+
+def _choice(element: Any) -> tuple[Any, str]:
+    """A parsed choice as (Optuna's value, its override text): strings and numbers as themselves, lists and dicts
+    as their text (Optuna's choices are plain values)."""
+    if isinstance(element, QuotedString):
+        return element.text, element.with_quotes()
+    if isinstance(element, str):
+        return element, _as_written(element)
+    text = Override._get_value_element_as_str(element)
+    return (element if element is None or isinstance(element, (bool, int, float)) else text), text
 
 
 def _numeric(optuna: ModuleType, start: Any, end: Any, step: Any = None, log: bool = False) -> Any:
@@ -26,38 +76,52 @@ def _numeric(optuna: ModuleType, start: Any, end: Any, step: Any = None, log: bo
     return dist.FloatDistribution(float(start), float(end), log=log, step=None if step is None else float(step))
 
 
-def distribution(optuna: ModuleType, override: Override) -> Any:
-    """The Optuna distribution of a sweep override, or the value string of a plain one."""
+def _count(value: RangeSweep) -> int:
+    step = value.step or 1
+    return max(0, math.ceil((value.stop - value.start) / step))
+
+
+def distribution(optuna: ModuleType, override: Override) -> tuple[Any, list[str]]:
+    """The Optuna distribution of a sweep override and, for a categorical, each choice's override text; for a plain
+    override its value as written, and no texts."""
     if not override.is_sweep_override():
-        return override.get_value_element_as_str()
+        return override.get_value_element_as_str(), []
     value = override.value()
     if override.is_choice_sweep() or (isinstance(value, RangeSweep) and value.shuffle):
-        return optuna.distributions.CategoricalDistribution(
-            list(override.sweep_iterator(transformer=Transformer.encode))  # lists and dicts as their text
-        )
+        if isinstance(value, RangeSweep) and _count(value) > MAX_CHOICES:
+            raise ValueError(f"{_count(value)} choices, more than {MAX_CHOICES}")
+        pairs = [_choice(element) for element in override.sweep_iterator()]
+        if not pairs or len(pairs) > MAX_CHOICES:
+            raise ValueError(f"{len(pairs)} choices: expected 1 to {MAX_CHOICES}")
+        return optuna.distributions.CategoricalDistribution([pair[0] for pair in pairs]), [pair[1] for pair in pairs]
     # range(start, stop, step): the stop excluded, as Hydra's grammar and basic sweeper do (hydra-optuna-sweeper
     # 1.x included it)
     if isinstance(value, RangeSweep):
         step = value.step or 1
         last = value.start + step * max(0, -(-(value.stop - value.start) // step) - 1)
-        return _numeric(optuna, value.start, last, step)
+        return _numeric(optuna, value.start, last, step), []
     if isinstance(value, IntervalSweep):
-        return _numeric(optuna, value.start, value.end, log="log" in value.tags)
-    raise ConfigError(
-        f"hydra.sweeper.params.{override.get_key_element()}: {override.input_line!r} cannot be searched: "
-        "expected choice(...), range(...), interval(...) or tag(log, interval(...))"
-    )
+        return _numeric(optuna, value.start, value.end, log="log" in value.tags), []
+    raise ValueError("expected choice(...), range(...), interval(...) or tag(log, interval(...))")
 
 
-def search_space(optuna: ModuleType, overrides: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+def search_space(optuna: ModuleType, overrides: list[str]) -> SearchSpace:
     """The distributions and the fixed values of `overrides` (the sweeper's params, then the command line: a key
-    the command line fixes is no longer searched)."""
-    space: dict[str, Any] = {}
-    fixed: dict[str, str] = {}
-    for override in OverridesParser.create().parse_overrides(overrides):
+    the command line fixes is no longer searched). A value that is no search space: ConfigError naming it."""
+    space = SearchSpace()
+    for line in overrides:
+        try:
+            override = _PARSER.parse_override(line)
+            value, texts = distribution(optuna, override)
+        except (HydraException, ValueError, TypeError, OverflowError) as error:  # Optuna's own checks: ValueError
+            key = line.split("=", 1)[0]
+            raise ConfigError(f"hydra.sweeper.params.{key}: {line!r} cannot be searched: {first_line(error)}") from None
         key = override.get_key_element()
-        value = distribution(optuna, override)
-        space.pop(key, None)
-        fixed.pop(key, None)
-        (fixed if isinstance(value, str) else space)[key] = value
-    return space, fixed
+        for part in (space.distributions, space.fixed, space.choices):
+            part.pop(key, None)
+        if isinstance(value, str):
+            space.fixed[key] = value
+        else:
+            space.distributions[key] = value
+            space.choices.update({key: texts} if texts else {})
+    return space

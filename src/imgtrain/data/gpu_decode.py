@@ -7,10 +7,6 @@ dataset.gpu_decoder=nvimgcodec puts nvImageCodec's region decoder (data/region_d
 
 from __future__ import annotations
 
-import contextlib
-import queue
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +16,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 
 from imgtrain.common.errors import RunError
 from imgtrain.data import batched, resample
+from imgtrain.data.ahead import AHEAD, BatchesAhead
 from imgtrain.data.copies import to_device
 from imgtrain.data.decoders import upright
 from imgtrain.data.jpeg import EncodedBatch
@@ -27,95 +24,34 @@ from imgtrain.data.samples import Batch
 from imgtrain.data.stages import StreamTimer
 
 
-class GpuJpegBatches:
-    """dataset.decode=cuda: a background thread decodes each batch's JPEGs with nvJPEG and transforms them on
-    its own CUDA stream, up to `depth` batches ahead of the model; `decoder` (a Batch and the device to the
-    decoded Batch): another than torchvision's, e.g. region_decode.RegionBatchDecoder.
+class GpuJpegBatches(BatchesAhead):
+    """dataset.decode=cuda: a background thread (data/ahead.py) decodes each batch's JPEGs and transforms them on
+    its own CUDA stream, up to `depth` batches ahead of the model; `decoder` (a Batch and the device to the decoded
+    Batch): another than torchvision's, e.g. region_decode.RegionBatchDecoder.
 
     torchvision's GPU decode blocks the calling thread until the batch is decoded; in a thread of its own it
-    overlaps the training step, so the loop's data wait (time blocked in `next()`) is real starvation. Use it
-    as a context manager: leaving stops the thread before the loader is used again. `inner` is the loader's
-    iterator (for explaining its failures). `timer` times each batch on the decode stream with CUDA events, read
-    at the logging window: from when the stream reaches the batch to its last crop kernel, nvJPEG's blocking
-    decode included (wall time on the stream, not GPU work). The thread never waits for its own stream
-    otherwise, so it fetches the next batch while the GPU still resizes this one.
+    overlaps the training step, so the loop's data wait (time blocked in `next()`) is real starvation. A batch is
+    finished when the thread hands it over: what the loop waits for before that is the workers' reading or this
+    decode, which `timer` times on the decode stream with CUDA events, read at the logging window: from when the
+    stream reaches the batch to its last crop kernel, nvJPEG's blocking decode included (wall time on the stream,
+    not GPU work). The thread never waits for its own stream otherwise, so it fetches the next batch while the GPU
+    still resizes this one.
     """
-
-    _END = object()
 
     def __init__(
         self,
         batches: Iterator[Batch],
         transform: Any,
         device: torch.device,
-        depth: int = 2,
+        depth: int = AHEAD,
         drop: bool = False,
         timer: StreamTimer | None = None,
         decoder: Callable[[Batch, torch.device], Batch] | None = None,
     ) -> None:
-        self.inner = batches
-        self.device = device
-        self.timer = timer or StreamTimer(device, enabled=False)
         # dataset.gpu_decoder's (data/region_decode.py: batch_decoder); torchvision's by default
         self.decoder = decoder or JpegBatchDecoder(transform, drop=drop)
-        self.ready: queue.Queue = queue.Queue(maxsize=depth)
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._decode_all, name="gpu-jpeg-decode", daemon=True)
-
-    def _decode_all(self) -> None:
-        """The thread: decode batch after batch; an error is handed to the loop, which raises it."""
-        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        try:
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                for batch in self.inner:
-                    if self.stopping.is_set():
-                        return
-                    with self.timer.span(stream):
-                        decoded = self.decoder(batch, self.device)
-                    done = stream.record_event() if stream is not None else None
-                    if decoded.times:  # ready for the loop now: its wait until here was for a worker or this thread
-                        decoded = decoded._replace(times=decoded.times._replace(finished=time.perf_counter()))
-                    self._hand_over((decoded, done))
-            self._hand_over(self._END)
-        except BaseException as error:  # noqa: BLE001 - raised again in the training thread
-            self._hand_over(error)
-
-    def _hand_over(self, item: Any) -> None:
-        while not self.stopping.is_set():
-            try:
-                self.ready.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def __enter__(self) -> GpuJpegBatches:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopping.set()
-        while self.thread.is_alive():  # the thread may be waiting for a worker's batch: let it finish
-            with contextlib.suppress(queue.Empty):
-                self.ready.get(timeout=0.1)
-
-    def __iter__(self) -> GpuJpegBatches:
-        return self
-
-    def __next__(self) -> Batch:
-        item = self.ready.get()
-        if item is self._END:
-            self.ready.put(self._END)  # every later next() ends too
-            raise StopIteration
-        if isinstance(item, BaseException):
-            raise item
-        batch, done = item
-        if done is not None:
-            current = torch.cuda.current_stream(self.device)
-            current.wait_event(done)  # the GPU, not this thread, waits for the decode stream
-            if batch.images is not None:  # None: a validation batch whose images were all unreadable
-                batch.images.record_stream(current)  # not reused by the decode stream while the model reads it
-            batch.labels.record_stream(current)
-        return batch
+        prepare = lambda batch: self.decoder(batch, device)  # noqa: E731 - the attribute a test may swap
+        super().__init__(batches, prepare, device, name="gpu-jpeg-decode", depth=depth, timer=timer, handed_over=True)
 
 
 def decode_jpegs(encoded: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | str]:

@@ -28,6 +28,7 @@ from botocore.exceptions import (
 )
 
 from imgtrain.common.atomic import atomic_write
+from imgtrain.common.credentials import without_userinfo
 from imgtrain.common.errors import ConfigError, RunError
 
 S3_SCHEME = "s3://"
@@ -44,7 +45,6 @@ _MISSING_KEY = {"NoSuchKey", "404", "NotFound"}
 # folder names (no '.' or '..'). Both are also a path under dataset.cache_dir, which they must not leave.
 _BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{2,254}")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")  # what looks like a URL (S3://, s3:/, gs://), not a path
-_USERINFO = re.compile(r"(?<=://)[^/\s]*@")  # up to the last '@' before the host: a password may hold '@'
 _SECRET_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 _ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")  # botocore reads both
 
@@ -52,7 +52,7 @@ _ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")  # botocore re
 def redact(text: str) -> str:
     """`text` with every URL's `user:password@` removed, and the AWS key, secret and token, should a message from
     a store or a library quote them, replaced: what is printed or logged never holds credentials."""
-    text = _USERINFO.sub("", text)
+    text = without_userinfo(text)
     for name in _ENDPOINT_VARIABLES:  # also written without a scheme (user:password@host), which botocore quotes
         host = os.environ.get(name, "").split("://", 1)[-1].split("/", 1)[0]
         if "@" in host:

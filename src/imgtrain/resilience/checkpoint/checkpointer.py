@@ -29,7 +29,7 @@ from imgtrain.resilience.agreement import Agreement
 from imgtrain.resilience.checkpoint.changes import changed_settings
 from imgtrain.resilience.checkpoint.files import DIRNAME, FORMAT, FORMAT_VERSION, CheckpointStore, locate
 from imgtrain.resilience.checkpoint.files import load as load_checkpoint
-from imgtrain.resilience.checkpoint.shape import FieldError, check_shape
+from imgtrain.resilience.checkpoint.shape import FieldError, check_reach, check_shape, epoch_samples_bound
 from imgtrain.resilience.checkpoint.state import (
     HostSnapshot,
     Progress,
@@ -274,10 +274,7 @@ class Checkpointer:
         return self.progress
 
     def _restore(self, payload: dict[str, Any], chosen: str, replicas: int) -> None:
-        try:  # a file that passed load()'s checks but not written by this format (edited, or from elsewhere)
-            check_shape(payload)
-        except FieldError as error:
-            raise self._not_ours(chosen, f"its field {error}") from None
+        self._check_fields(payload, chosen)
         try:
             self.model.load_state_dict(payload["model"])
             fresh = self.step_state.load_state_dict(payload)
@@ -301,6 +298,24 @@ class Checkpointer:
         )
         self._follow_this_runs_schedule(payload, fresh)
 
+    def _check_fields(self, payload: dict[str, Any], chosen: str) -> None:
+        """Every field's kind (a file that passed load()'s checks but was edited, or written elsewhere), then the
+        stored progress against this run: one line naming the file and the field, before any of it is used."""
+        try:
+            check_shape(payload)
+        except FieldError as error:
+            raise self._not_ours(chosen, f"its field {error}") from None
+        global_batch = self.settings.data.batch_size * self.info.world_size
+        bound = epoch_samples_bound(self.step_state.steps_per_epoch, global_batch, payload["global_batch"])
+        try:
+            check_reach(payload, self.settings.train.epochs, bound)
+        except FieldError as error:
+            raise RunError(
+                f"the checkpoint {chosen} holds progress this run cannot reach (its field {error}): resume it with "
+                "the data and train.epochs it was trained with, or pass checkpoint.resume=none (or a new "
+                "hydra.run.dir) to start over"
+            ) from None
+
     @staticmethod
     def _not_ours(chosen: str, what: str) -> RunError:
         return RunError(
@@ -317,7 +332,9 @@ class Checkpointer:
         global_batch = self.settings.data.batch_size * self.info.world_size
         position = self.progress.epoch * self.step_state.steps_per_epoch
         position += self.progress.samples_in_epoch // global_batch
-        self.step_state.resume_schedule(position)
+        # Replayed at most to the end of this run's schedule (check_reach bounds `position` too): past it this run
+        # takes no step, so the cost is that of the run's own schedule, never that of a number read from a file
+        self.step_state.resume_schedule(min(position, self.total_steps))
         scheduled = self.total_steps
         self.total_steps += self.progress.step - position
         changes = changed_settings(payload.get("config"), self.settings, payload["global_batch"], global_batch)

@@ -1,6 +1,9 @@
 """What a checkpoint must hold, checked before any of it is used. `files.load` has checked that the file is a zip
 of plain data (weights_only) in imgtrain's format; a file of that format whose fields were edited, or that some
 other program wrote, ends here in one line naming the field, not in a traceback from deep inside load_state_dict.
+`check_shape` checks each field's kind; `check_reach` its place against this run (the LR schedule is positioned,
+and the loop counts, from the stored progress: a number no run of this data reaches is refused before it costs
+any time).
 """
 
 from __future__ import annotations
@@ -126,3 +129,32 @@ def _rng(payload: dict[str, Any]) -> None:
     _field(numpy, "keys", lambda v: isinstance(v, torch.Tensor), "a tensor", "rng.numpy.")
     _field(numpy, "pos", _whole, "a whole number >= 0", "rng.numpy.")
     _field(rng, "torch", lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.uint8, "a uint8 tensor", "rng.")
+
+
+def epoch_samples_bound(steps_per_epoch: int, global_batch: int, saved_global_batch: int) -> int:
+    """More samples than one epoch of this run's data can hold, whatever the batch and the number of ranks the
+    checkpoint was written with: this run's epoch holds fewer than `steps_per_epoch` + 1 of its batches (drop_last
+    leaves less than one out), and each sampler pads its ranks' shares by fewer samples than one global batch."""
+    return (steps_per_epoch + 2) * global_batch + saved_global_batch
+
+
+def check_reach(payload: dict[str, Any], epochs: int, epoch_samples: int) -> None:
+    """Raise FieldError for stored progress this run cannot reach (after `check_shape`): an epoch past its
+    `epochs` (train.epochs), more samples into the epoch than `epoch_samples` (`epoch_samples_bound`), or more
+    optimizer steps than the samples the checkpoint says were trained (each step trains at least one)."""
+    progress = payload["progress"]
+    epoch, samples, step = progress["epoch"], progress["samples_in_epoch"], progress["step"]
+    if epoch > epochs:
+        raise FieldError("progress.epoch", f"is {epoch}, past this run's {epochs} epoch(s) (train.epochs={epochs})")
+    if samples > epoch_samples:
+        raise FieldError(
+            "progress.samples_in_epoch",
+            f"is {samples}, more than one epoch of this run's data holds (at most {epoch_samples})",
+        )
+    trained = epoch * epoch_samples + samples
+    if step > trained:
+        raise FieldError(
+            "progress.step",
+            f"is {step}, more optimizer steps than the samples of {epoch} epoch(s) and {samples} more "
+            f"(at most {trained})",
+        )
