@@ -39,6 +39,7 @@ SHARED_FIXTURES = {
     "tests/test_resilience.py": "straight",  # train.py, 2 epochs
     "tests/test_shards_s3.py": "s3",  # moto's server and a conversion into it
     "tests/test_shards_trust.py": "s3 (trust)",  # moto's server
+    "tests/test_slurm.py": "slurm",  # a Slurm cluster (tests/slurm_cluster.py) and every case run on it at once
     "tests/test_train_smoke.py": "smoke_run",  # train.py, 2 epochs
     "tests/test_trust.py": "checkpoint",  # a debug=fast run
 }

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from imgtrain.common.errors import ConfigError, RunError
+from imgtrain.host import slurm
 
 log = logging.getLogger(__name__)
 
@@ -91,16 +92,21 @@ def register_resolvers() -> None:
 
 
 def dist_info_from_env() -> DistInfo:
-    """Read RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE as torchrun sets them (defaults: one process)."""
+    """Read RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE as torchrun sets them (defaults: one process); in a
+    Slurm job, rank 0 logs which job, array index and attempt this run is."""
     export_submitit_env()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    return DistInfo(
+    info = DistInfo(
         rank=int(os.environ.get("RANK", "0")),
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         world_size=world_size,
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
         launched="TORCHELASTIC_RUN_ID" in os.environ,
     )
+    job = slurm.current_job()
+    if job is not None and info.is_main:
+        log.info("%s", job.describe())
+    return info
 
 
 def resolve_device(requested: str, info: DistInfo) -> torch.device:

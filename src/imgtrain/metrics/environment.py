@@ -24,6 +24,7 @@ import torchvision
 from PIL import features
 
 from imgtrain.host.cpus import cpu_budget, cpu_quota
+from imgtrain.host.slurm import current_job
 
 T = TypeVar("T")
 
@@ -188,4 +189,5 @@ def fingerprint(device: torch.device, decode: str, data_root: str | None, paths:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "mkl_num_threads": os.environ.get("MKL_NUM_THREADS"),
         "decoder": jpeg_decoders(decode, paths.maps),
+        "slurm": job.fields() if (job := guarded(current_job)) is not None else None,  # which job, index, attempt
     }

@@ -81,3 +81,8 @@ def ahead(holder: dict[str, Any], now: float) -> float | None:
         except (TypeError, ValueError):
             return None
     return seconds if seconds > CLOCK_SLACK_S else None
+
+
+def who(holder: dict[str, Any]) -> tuple[Any, Any]:
+    """The holder's pid and host, as the lines that name it give them."""
+    return holder.get("pid"), holder.get("host")

@@ -1,14 +1,13 @@
 """One writer per run directory: a lock file naming its holder, kept fresh by a heartbeat.
 
 Two processes training into one directory would resume from each other's checkpoints and overwrite each other's
-files (a SLURM job submitted twice, the same command in a second terminal, a stray process). The lock is
-`<run dir>/.imgtrain.lock`, created with O_EXCL (atomic on local disks and NFSv3+): pid, host, start time, job id
-and a random token; its mtime is the heartbeat, touched every HEARTBEAT_S. It is taken over, with a warning, once
-its process is gone (same host: the pid no longer runs, or runs a younger process) or its heartbeat is older than
-STALE_AFTER_S (another host: clocks must roughly agree; a heartbeat from the future has an unknown age, see
-`lockfile.look`). A shared job id proves nothing (see `stale_reason`); a takeover moves only the very file it judged
-stale (see `RunDirLock._remove_if`). Before any of it, a link another user planted at the run directory or at a name
-Hydra writes there is refused (`links.refuse_foreign_links`).
+files (a Slurm job submitted twice, the same command in a second terminal, a stray process). The lock is
+`<run dir>/.imgtrain.lock`, created with O_EXCL (atomic on local disks and NFSv3+): pid, host, start time, job id and
+a random token; its mtime is the heartbeat, touched every HEARTBEAT_S. It is taken over, with a warning, once its
+process is gone (same host: the pid no longer runs, or runs a younger process) or its heartbeat is older than
+STALE_AFTER_S (another host: a heartbeat from the future has an unknown age, see `lockfile.look`). A shared job id
+proves nothing (`stale_reason`); a takeover moves only the very file it judged stale (`RunDirLock._remove_if`).
+Before any of it, a link another user planted at the run directory or a name Hydra writes there is refused.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from omegaconf import DictConfig
 from imgtrain.common.errors import ConfigError, RunEnded, RunError
 from imgtrain.common.links import refuse_foreign_links
 from imgtrain.host import dist
-from imgtrain.resilience.lockfile import Seen, ahead, look
+from imgtrain.resilience.lockfile import Seen, ahead, look, who
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +142,7 @@ class RunDirLock:
                     continue  # released or taken by another process meanwhile: look again
             if reason is None:
                 raise RunError(self._held_by(seen.holder))
-            log.warning("taking over the lock of %s from pid %s on %s: %s", self.directory, *_who(seen.holder), reason)
+            log.warning("taking over the lock of %s from pid %s on %s: %s", self.directory, *who(seen.holder), reason)
             try:
                 self._remove_if(seen.identity)  # False: it was not the stale file (any more); the next round says who
             except OSError as error:  # a directory of another user's, or immutable: the lock cannot be moved
@@ -169,7 +168,7 @@ class RunDirLock:
             "the lock of %s is held by pid %s on %s with this job's id (%s): waiting up to %.0f s to see whether "
             "its heartbeat has stopped (an earlier attempt of this job) or goes on (another run: refused)",
             self.directory,
-            *_who(seen.holder),
+            *who(seen.holder),
             self.holder["job"],
             STALE_AFTER_S - (time.time() - seen.holder["heartbeat"]),
         )
@@ -269,10 +268,6 @@ class RunDirLock:
         return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
 
 
-def _who(holder: dict[str, Any]) -> tuple[Any, Any]:
-    return holder.get("pid"), holder.get("host")
-
-
 @contextlib.contextmanager
 def hold(directory: Path, info: dist.DistInfo) -> Iterator[None]:
     """Rank 0 holds the run directory's lock for the whole job; every rank stops if it cannot. Nothing to do
@@ -304,11 +299,22 @@ def _hydra_files(config: DictConfig) -> list[str]:
     return [f"{config.hydra.job.name}.log", *saved]
 
 
+def lock_before_hydra(config: DictConfig, directory: Path) -> RunDirLock:
+    """Refuse another user's links at `directory` and the names Hydra writes there and take its lock, before Hydra
+    writes them (rank 0): a refused run leaves the directory as it was, ending in one line (RunEnded)."""
+    try:
+        refuse_foreign_links(directory, *_hydra_files(config))  # before resolving: the directory may be one
+        lock = RunDirLock(directory.resolve())
+        lock.__enter__()
+    except RunError as error:  # ConfigError too
+        raise RunEnded.from_error(error, str(error)) from error  # Hydra turns an Exception into a warning
+    return lock
+
+
 class LockRunDir(Callback):
-    """Hydra callback, the first one: `python train.py` refuses another user's links at the names Hydra writes and
-    takes the run directory's lock before Hydra writes `.hydra/` and the log file there, so a refused run leaves
-    the directory exactly as it was (rank 0). A multirun's jobs lock their own directories in `run`; Hydra writes
-    theirs with no callback before it, so the sweep directory is checked as the sweep starts."""
+    """Hydra callback, the first one: `python train.py` locks its run directory before Hydra writes there. A multirun's
+    jobs lock theirs in `run` (hydra/launcher=slurm: before Hydra writes, src/hydra_plugins/imgtrain_slurm), with no
+    callback before Hydra writes them: the sweep directory is checked as the sweep starts."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if os.environ.get("RANK", "0") != "0":
@@ -317,12 +323,7 @@ class LockRunDir(Callback):
             directory = Path(str(config.hydra.run.dir))
         except Exception:  # noqa: BLE001 - a run dir built from values known only later: `run` locks it then
             return
-        try:
-            refuse_foreign_links(directory, *_hydra_files(config))  # before resolving: the directory may be one
-            lock = RunDirLock(directory.resolve())
-            lock.__enter__()
-        except RunError as error:  # ConfigError too
-            raise RunEnded.from_error(error, str(error)) from error  # Hydra turns an Exception into a warning
+        lock = lock_before_hydra(config, directory)
         atexit.register(lock.__exit__)  # also after a stop signal, which ends the process past on_run_end
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
