@@ -404,3 +404,29 @@ def test_a_worker_s_unexpected_error_names_its_file(source: Path, tmp_path: Path
     assert pack(src, tmp_path / "out") == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"LitData could not write the split ({victim.relative_to(src)}: MemoryError)" in err
+
+
+def test_a_conversion_with_no_image_packed_for_stall_timeout_stops_naming_the_file(
+    source: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """--stall-timeout: a read hung in the storage (here a decode held for a minute) stops the conversion in one
+    line naming the file the worker is on, its workers ended; before, it waited for ever."""
+    src = _small_source(source, tmp_path / "src")
+    victim = sorted((src / "train").rglob("*.jpg"))[2]
+    real = converter.decode_problem
+
+    def hung(data: bytes, path: str, *limit):  # forked into LitData's workers with the module
+        if path == str(victim):
+            time.sleep(60)
+        return real(data, path, *limit)
+
+    monkeypatch.setattr(converter, "decode_problem", hung)
+    started = time.monotonic()
+    assert pack(src, tmp_path / "out", "--stall-timeout", "2") == 1
+    assert time.monotonic() - started < 30
+    err = capsys.readouterr().err.strip()
+    assert (
+        "\n" not in err
+        and f"no image packed in 2 s (--stall-timeout): the workers are on {victim.relative_to(src)}" in err
+    )
+    assert not (tmp_path / "out" / MANIFEST).exists()

@@ -14,8 +14,10 @@ Images are written in a seeded random order: LitData shuffles whole chunks and t
 chunk written in class order would give batches of one or two classes. Each image is decoded once here (one
 above --max-side twice: checked as training decodes it, then downscaled by PIL); one that cannot be, or whose
 header claims more pixels than --max-image-pixels (dataset.max_image_pixels' default unless given), is listed and
-left out. The manifest (`imgtrain-shards.json`) is written last, so a killed conversion
-never looks complete; running the same command again keeps the splits already finished and redoes the others.
+left out; so is a path that is not a regular file (data/reads.py). No image packed for --stall-timeout seconds
+stops the conversion in one line naming the files in hand (progress.py). The manifest (`imgtrain-shards.json`)
+is written last, so a killed conversion never looks complete; running the same command again keeps the splits
+already finished and redoes the others.
 Each split is checked as training will check it (manifest.check_split) as soon as it is written. Files are staged
 in one folder per destination, removed however the conversion stops (staging.py).
 """
@@ -23,20 +25,16 @@ in one folder per destination, removed however the conversion stops (staging.py)
 from __future__ import annotations
 
 import argparse
-import contextlib
 import multiprocessing
 import os
 import random
 import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import litdata
 import torch
-from tqdm import tqdm
 
 from imgtrain.common.errors import ConfigError, RunError
 from imgtrain.config.datasets import MAX_IMAGE_PIXELS
@@ -48,6 +46,7 @@ from imgtrain.data.shards.arguments import pixel_limit, whole_number
 from imgtrain.data.shards.destination import plan, save_partial
 from imgtrain.data.shards.downscale import AS_STORED, QUALITY, MaxSide
 from imgtrain.data.shards.manifest import FIELDS, MANIFEST, PARTIAL, SPLITS, Manifest, SplitFiles, check_split
+from imgtrain.data.shards.progress import STALL_S, Busy, progress
 from imgtrain.data.shards.source import Source
 from imgtrain.data.shards.store import Location, Store, redact
 from imgtrain.host.cpus import available_cpus
@@ -72,7 +71,7 @@ class PackImage:
                  max_side: MaxSide = AS_STORED, shrunk=None) -> None:  # fmt: skip
         self.root, self.report_dir, self.done, self.max_pixels = root, report_dir, done, max_pixels
         self.max_side, self.shrunk = max_side, shrunk
-        self.parent = os.getpid()
+        self.parent, self.busy = os.getpid(), Busy(report_dir)  # the file in hand, for --stall-timeout's line
 
     def __call__(self, item: tuple[int, str, int]) -> dict | None:
         if os.getpid() != self.parent and torch.get_num_threads() != 1:
@@ -88,6 +87,7 @@ class PackImage:
 
     def _packed(self, index: int, relative: str, label: int) -> dict | None:
         path = self.root / relative
+        self.busy.on(relative)
         try:
             data = bytes(read_bytes(str(path), self.max_pixels))  # a regular file, its size and the cap at most
             problem = decode_problem(data, str(path), self.max_pixels)
@@ -95,6 +95,7 @@ class PackImage:
             data, problem = b"", error.strerror or str(error)
         if not problem and self.max_side.side is not None:  # here, so that it runs in --workers processes
             data, problem = self._sized(data)
+        self.busy.off()
         with self.done.get_lock():
             self.done.value += 1
         if problem:
@@ -118,32 +119,11 @@ class PackImage:
 
 def _unreadable(report_dir: str) -> dict[str, str]:
     found: dict[str, str] = {}
-    for name in sorted(os.listdir(report_dir)):
+    for name in sorted(name for name in os.listdir(report_dir) if name.endswith(".tsv")):
         for line in Path(report_dir, name).read_text().splitlines():
             relative, _, reason = line.partition("\t")
             found[relative] = reason
     return found
-
-
-@contextlib.contextmanager
-def _progress(done, total: int, split: str) -> Iterator[None]:
-    """A bar with images/s, fed by the workers' shared counter (LitData's own bar moves only when a worker ends)."""
-    bar = tqdm(total=total, desc=f"packing {split}", unit="img", dynamic_ncols=True, file=sys.stdout)
-    stop = threading.Event()
-
-    def follow() -> None:
-        while not stop.wait(0.5):
-            bar.update(done.value - bar.n)
-
-    thread = threading.Thread(target=follow, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-        bar.update(done.value - bar.n)
-        bar.close()
 
 
 def pack_split(
@@ -156,10 +136,11 @@ def pack_split(
     scratch: str,
     max_pixels: int | None,
     max_side: MaxSide = AS_STORED,
+    stall_s: float = STALL_S,
 ) -> tuple[dict[str, str], int]:
     """Write one split with LitData's `optimize`, staging under `scratch`; returns the unreadable files it left
     out (path -> reason), those above `max_pixels` (--max-image-pixels) included, and how many images it stored
-    downscaled to `max_side` (--max-side)."""
+    downscaled to `max_side` (--max-side). No image packed for `stall_s` seconds (--stall-timeout) is one line."""
     items = [(index, source.relative(path), label) for index, (path, label) in enumerate(source.splits[split])]
     random.Random(seed).shuffle(items)  # chunks must mix classes (see the module docstring)
     done, shrunk = (multiprocessing.get_context("fork").Value("q", 0) for _ in range(2))
@@ -168,7 +149,8 @@ def pack_split(
     before = engine.started_processes()
     # LitData stages chunks bound for object storage in one fixed folder (/tmp/chunks) by default: a private one
     # keeps two conversions apart. Local destinations are written in place.
-    with _progress(done, len(items), split), engine.scratch_env(os.path.join(scratch, split, "chunks")):
+    watching = progress(done, len(items), split, stall_s, report_dir)
+    with watching as watch, engine.scratch_env(os.path.join(scratch, split, "chunks")):
         try:
             litdata.optimize(
                 fn=PackImage(source.root, report_dir, done, max_pixels, max_side, shrunk),
@@ -184,6 +166,8 @@ def pack_split(
             )
         except BaseException as error:  # a stop or LitData's error: its workers would go on writing
             engine.stop_processes(before)
+            if watch.stalled:  # the bar's thread interrupted it
+                raise RunError(f"{store.location.join(split)}: {watch.stalled}; run the same command again") from None
             if isinstance(error, Exception) and not isinstance(error, RunError):
                 raise _engine_error(store.location.join(split), error) from None
             raise
@@ -202,7 +186,7 @@ def _engine_error(url: str, error: Exception) -> RunError:
 
 def convert(
     src: str, dst: str, *, val_fraction: float, split_seed: int, shard_mb: int, workers: int, val: str | None = None,
-    max_pixels: int | None = MAX_IMAGE_PIXELS, max_side: MaxSide = AS_STORED,
+    max_pixels: int | None = MAX_IMAGE_PIXELS, max_side: MaxSide = AS_STORED, stall_s: float = STALL_S,
 ) -> Manifest:  # fmt: skip
     """Pack SRC into DST (see the module docstring); prints what it does and returns the manifest."""
     decoders.check("imgtrain-shards")  # every image is decoded once, as training will, before it is packed
@@ -225,7 +209,7 @@ def convert(
             store.delete(MANIFEST)
         for split in SPLITS:
             if split not in done:
-                how = (shard_mb, workers, split_seed, scratch, max_pixels, max_side)
+                how = (shard_mb, workers, split_seed, scratch, max_pixels, max_side, stall_s)
                 done[split] = _write_split(source, store, split, state, done, how)
     manifest = Manifest(
         classes=source.classes,
@@ -243,7 +227,7 @@ def convert(
 
 def _write_split(source: Source, store: Store, split: str, state: dict, done: dict, how: tuple) -> SplitFiles:
     """Pack one split, check it as training will, and record it in the partial file (`state` gains its unreadable
-    files). `how`: (shard_mb, workers, seed, staging folder, max_pixels, max_side)."""
+    files). `how`: (shard_mb, workers, seed, staging folder, max_pixels, max_side, stall_s)."""
     save_partial(store, state, done)  # before anything is written: this destination is being converted
     store.remove(split)  # whatever a killed run left of this split
     skipped, shrunk = pack_split(source, store, split, *how)
@@ -300,6 +284,9 @@ def _parser() -> argparse.ArgumentParser:
         "file's bytes (default: every image as its bytes)",
     )
     quality = f"with --max-side: the downscaled images' JPEG quality (default {QUALITY})"
+    stall = f"stop when no image has been packed for S seconds, naming the files in hand (default {STALL_S}; 0: never)"
+    seconds = whole_number(0, None, "seconds")
+    parser.add_argument("--stall-timeout", type=seconds, default=STALL_S, metavar="S", help=stall)
     parser.add_argument("--max-side-quality", type=whole_number(1, 100, "a JPEG quality"), metavar="Q", help=quality)
     return parser
 
@@ -325,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                 workers=args.workers,
                 max_pixels=args.max_image_pixels,
                 max_side=max_side,
+                stall_s=args.stall_timeout,
             )
     except RunError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
