@@ -3,10 +3,10 @@ for this module): sweeps as job arrays, DDP inside a job, preemption and requeue
 is mocked: each case runs `python train.py -m ...` as a user would and drives its jobs with Slurm's own commands.
 
 Time: a time limit is a minute at least, and Slurm's signal before it comes anywhere in the last minute before the
-time asked (its clock checks every 30 s), so the two time-limit cases are submitted first, when the module starts
-(`runs`), and checked last: the other cases run meanwhile. Those stop their jobs by hand, as soon as a job's first
-checkpoint is on disk, with the commands that deliver what Slurm delivers (`scontrol requeue`, `scancel
---signal=USR2` for the time-limit signal, `scancel`).
+time asked (its clock checks every 30 s). So what takes long by nature is started first (`runs`, which the first
+test asks for): the two time-limit cases and three jobs stopped by hand, checked last, while the sweeps, DDP and bad
+input run. The hand stops come as soon as a job's first checkpoint is on disk, with the commands that deliver what
+Slurm delivers (`scontrol requeue`, `scancel --signal=USR2` for the time-limit signal, `scancel`).
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ class Runs:
     root: Path
     launches: dict[str, Launch] = field(default_factory=dict)
     reference: subprocess.Popen | None = None
+    jobs: dict[str, str] = field(default_factory=dict)  # the stopped jobs' ids
+    hydra_files: dict[Path, bytes] = field(default_factory=dict)  # the stalled job's, before the second launch
+    second: tuple[str, int, str] = ("", 0, "")  # the second launch into its directory: job, exit status, output
 
     def start(self, name: str, args: list[str], sweep: str | None = None, **env: str) -> Launch:
         self.launches[name] = launch(self.cluster, args, self.root / (sweep or name), self.data_dir, **env)
@@ -97,11 +100,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm_cluster.
         yield running
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def runs(cluster: slurm_cluster.Cluster, data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
-    """The time-limit cases, submitted first, and the uninterrupted run. `signalled`: a 2-minute limit with
-    signal_delay_s=60, so Slurm sends SIGUSR2 30 to 60 s after the job starts, slow in its first attempt so that the
-    signal finds it training. `killed`: a 1-minute limit and no signal it could act on, its fifth step stalled."""
+    """What takes long by nature, started (and stopped) first: the tests after check it once it has ended.
+
+    The time limits: `signalled`, a 2-minute limit with signal_delay_s=60, so Slurm sends SIGUSR2 30 to 60 s after
+    the job starts, slow in its first attempt so that the signal finds it training; `killed`, a 1-minute limit and no
+    signal it could act on, its fifth step stalled. The uninterrupted run, outside Slurm. Three jobs stopped once
+    their step-2 checkpoint is on disk: the time-limit signal by hand, `scancel`, and, while a third one's fifth step
+    stalls, a second launch into its directory, then `scontrol requeue` of that third job (it cannot save: killed
+    after KillWait)."""
     runs = Runs(cluster, data_dir, tmp_path_factory.mktemp("runs"))
     runs.start("signalled", [*on_cluster(timeout_min=2, signal_delay_s=60), *TINY], IMGTRAIN_TEST_STEP_S="10")
     runs.start("killed", [*on_cluster(timeout_min=1, signal_delay_s=0), *TINY], IMGTRAIN_TEST_STALL_AT_STEP="5")
@@ -109,84 +117,29 @@ def runs(cluster: slurm_cluster.Cluster, data_dir: Path, tmp_path_factory: pytes
     env = cluster.env(PYTHONPATH=str(TESTS), OMP_NUM_THREADS="1", IMGTRAIN_DATA_DIR=str(data_dir))
     with open(runs.root / "reference.txt", "w") as out:
         runs.reference = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    yield runs
-    for started in runs.launches.values():
-        if started.proc.poll() is None:
-            started.proc.kill()
-    if runs.reference.poll() is None:
-        runs.reference.kill()
+    try:
+        _preempt(runs)
+        yield runs
+    finally:
+        for started in runs.launches.values():
+            if started.proc.poll() is None:
+                started.proc.kill()
+        if runs.reference.poll() is None:
+            runs.reference.kill()
 
 
-@pytest.fixture(scope="module")
-def preempted(runs: Runs) -> dict:
-    """Three jobs stopped once their step-2 checkpoint is on disk: the time-limit signal by hand, `scancel`, and,
-    while a third one's fifth step stalls, a second launch into its directory, then `scontrol requeue` of that third
-    job (it cannot save: killed after KillWait). The cancelled one is then continued by the same command."""
+def _preempt(runs: Runs) -> None:
     runs.start("requeue", PREEMPTED, IMGTRAIN_TEST_STALL_AT_STEP="5")
     runs.start("usr2", PREEMPTED, IMGTRAIN_TEST_STEP_S="3")
     runs.start("scancel", PREEMPTED, IMGTRAIN_TEST_STEP_S="3")
-    jobs = {name: runs.launches[name].job_ids()[0] for name in ("usr2", "scancel", "requeue")}
-    _stop_once_saved(runs, {"usr2": TIME_LIMIT_SIGNAL, "scancel": CANCEL}, jobs)
+    runs.jobs = {name: runs.launches[name].job_ids()[0] for name in ("usr2", "scancel", "requeue")}
+    _stop_once_saved(runs, {"usr2": TIME_LIMIT_SIGNAL, "scancel": CANCEL}, runs.jobs)
     stalled = runs.launches["requeue"]
     wait_for(stalled.sweep / "0" / "checkpoints" / "last.pt", stalled, TIMEOUT_S)
-    hydra_files = {p: p.read_bytes() for p in (stalled.sweep / "0" / ".hydra").iterdir()}
+    runs.hydra_files = {p: p.read_bytes() for p in (stalled.sweep / "0" / ".hydra").iterdir()}
     second = runs.start("second", PREEMPTED, sweep="requeue")
-    second_job, (second_code, second_out) = second.job_ids()[0], second.finish(TIMEOUT_S)
-    runs.cluster.command(*REQUEUE, jobs["requeue"])
-    cancelled = runs.launches["scancel"].finish(TIMEOUT_S)
-    again = runs.start("again", PREEMPTED, sweep="scancel").finish(TIMEOUT_S)  # the same command: it continues
-    return {"jobs": jobs, "hydra_files": hydra_files, "second": (second_job, second_code, second_out),
-            "scancel": cancelled, "again": again}  # fmt: skip
-
-
-def test_scontrol_requeue_resumes_exactly_and_takes_over_its_own_directory(runs: Runs, preempted: dict) -> None:
-    run, job = runs.launches["requeue"], preempted["jobs"]["requeue"]
-    code, out = run.finish(TIMEOUT_S)
-    assert code == 0, out[-3000:]
-    summary = metrics(run.sweep / "0")
-    assert summary["val_loss"] == runs.reference_loss()  # bit for bit: from the step-4 checkpoint, the stall unsaved
-    assert (summary["environment"]["slurm"]["job_id"], summary["environment"]["slurm"]["restart_count"]) == (job, 1)
-    log = (run.sweep / "0" / "train.log").read_text()
-    assert f"Slurm job {job}, attempt 2 (requeued 1 time)" in log and "resuming from" in log
-    # its first attempt was killed holding the lock: the second, with the same SLURM_JOB_ID, takes it over
-    assert "(an earlier attempt of this job) is no longer running" in run.job_log(job)
-
-
-def test_another_job_on_a_running_jobs_directory_is_refused_and_changes_nothing(runs: Runs, preempted: dict) -> None:
-    job, code, out = preempted["second"]
-    assert code == 1, out[-3000:]
-    assert len(lines := error_lines(out)) == 1 and "is in use by pid" in lines[0], out[-3000:]
-    directory = runs.launches["requeue"].sweep / "0"
-    assert not (directory / "failed.json").exists()
-    assert all(path.read_bytes() == content for path, content in preempted["hydra_files"].items())
-    assert f"Slurm job {job}," not in (directory / "train.log").read_text()  # not a line of it in the job's log
-
-
-def test_the_time_limit_signal_saves_requeues_and_resumes_exactly(runs: Runs, preempted: dict) -> None:
-    """SIGUSR2, as Slurm sends it signal_delay_s before the time limit, here by hand: a checkpoint at the next step,
-    then submitit requeues the job, and its next attempt continues from that checkpoint."""
-    run, job = runs.launches["usr2"], preempted["jobs"]["usr2"]
-    code, out = run.finish(TIMEOUT_S)
-    assert code == 0, out[-3000:]
-    summary = metrics(run.sweep / "0")
-    assert summary["val_loss"] == runs.reference_loss() and summary["environment"]["slurm"]["restart_count"] == 1
-    log = run.job_log(job)
-    assert "SIGUSR2 received: saving a checkpoint" in log and "SIGUSR2: stopped at step" in log
-    assert "resuming from" in (run.sweep / "0" / "train.log").read_text()
-
-
-def test_scancel_saves_and_ends_in_one_line_and_the_same_command_continues(runs: Runs, preempted: dict) -> None:
-    run, job = runs.launches["scancel"], preempted["jobs"]["scancel"]
-    code, out = preempted["scancel"]
-    assert code == 1, out[-3000:]
-    assert len(lines := error_lines(out)) == 1, out[-3000:]
-    assert f"Slurm job {job} was cancelled (scancel) before it finished" in lines[0]
-    assert f"run the same command again with hydra.sweep.dir={run.sweep}" in lines[0]
-    assert job_state(runs.cluster, job).startswith("CANCELLED")
-    assert "SIGTERM: stopped at step" in run.job_log(job)  # the job's own line: its checkpoint saved
-    code, out = preempted["again"]
-    assert code == 0, out[-3000:]
-    assert metrics(run.sweep / "0")["val_loss"] == runs.reference_loss()
+    runs.second = (second.job_ids()[0], *second.finish(TIMEOUT_S))
+    runs.cluster.command(*REQUEUE, runs.jobs["requeue"])
 
 
 def test_a_sweep_is_a_job_array_and_ends_with_its_report(runs: Runs) -> None:
@@ -257,6 +210,57 @@ def test_bad_input_ends_in_one_line_before_any_job_runs(bad_input: dict[str, Lau
     assert code == 2, out[-3000:]
     assert len(lines := error_lines(out)) == 1 and expected in lines[0], lines
     assert not (run.sweep / ".submitit").exists() or not any(p.is_dir() for p in (run.sweep / ".submitit").iterdir())
+
+
+def test_scontrol_requeue_resumes_exactly_and_takes_over_its_own_directory(runs: Runs) -> None:
+    run, job = runs.launches["requeue"], runs.jobs["requeue"]
+    code, out = run.finish(TIMEOUT_S)
+    assert code == 0, out[-3000:]
+    summary = metrics(run.sweep / "0")
+    assert summary["val_loss"] == runs.reference_loss()  # bit for bit: from the step-4 checkpoint, the stall unsaved
+    assert (summary["environment"]["slurm"]["job_id"], summary["environment"]["slurm"]["restart_count"]) == (job, 1)
+    log = (run.sweep / "0" / "train.log").read_text()
+    assert f"Slurm job {job}, attempt 2 (requeued 1 time)" in log and "resuming from" in log
+    # its first attempt was killed holding the lock: the second, with the same SLURM_JOB_ID, takes it over
+    assert "(an earlier attempt of this job) is no longer running" in run.job_log(job)
+
+
+def test_another_job_on_a_running_jobs_directory_is_refused_and_changes_nothing(runs: Runs) -> None:
+    job, code, out = runs.second
+    assert code == 1, out[-3000:]
+    assert len(lines := error_lines(out)) == 1 and "is in use by pid" in lines[0], out[-3000:]
+    directory = runs.launches["requeue"].sweep / "0"
+    assert not (directory / "failed.json").exists()
+    assert all(path.read_bytes() == content for path, content in runs.hydra_files.items())
+    assert f"Slurm job {job}," not in (directory / "train.log").read_text()  # not a line of it in the job's log
+
+
+def test_the_time_limit_signal_saves_requeues_and_resumes_exactly(runs: Runs) -> None:
+    """SIGUSR2, as Slurm sends it signal_delay_s before the time limit, here by hand: a checkpoint at the next step,
+    then submitit requeues the job, and its next attempt continues from that checkpoint."""
+    run, job = runs.launches["usr2"], runs.jobs["usr2"]
+    code, out = run.finish(TIMEOUT_S)
+    assert code == 0, out[-3000:]
+    summary = metrics(run.sweep / "0")
+    assert summary["val_loss"] == runs.reference_loss() and summary["environment"]["slurm"]["restart_count"] == 1
+    log = run.job_log(job)
+    assert "SIGUSR2 received: saving a checkpoint" in log and "SIGUSR2: stopped at step" in log
+    assert "resuming from" in (run.sweep / "0" / "train.log").read_text()
+
+
+def test_scancel_saves_and_ends_in_one_line_and_the_same_command_continues(runs: Runs) -> None:
+    run, job = runs.launches["scancel"], runs.jobs["scancel"]
+    code, out = run.finish(TIMEOUT_S)
+    assert code == 1, out[-3000:]
+    assert len(lines := error_lines(out)) == 1, out[-3000:]
+    assert f"Slurm job {job} was cancelled (scancel) before it finished" in lines[0]
+    assert f"run the same command again with hydra.sweep.dir={run.sweep}" in lines[0]
+    assert job_state(runs.cluster, job).startswith("CANCELLED")
+    assert "SIGTERM: stopped at step" in run.job_log(job)  # the job's own line: its checkpoint saved
+    assert "the sweep ends here" not in run.job_log(job)  # a job of its own: its launcher says what ends
+    code, out = runs.start("again", PREEMPTED, sweep="scancel").finish(TIMEOUT_S)  # the same command: it continues
+    assert code == 0, out[-3000:]
+    assert metrics(run.sweep / "0")["val_loss"] == runs.reference_loss()
 
 
 def test_a_time_limit_signal_from_slurm_requeues_and_resumes_exactly(runs: Runs) -> None:

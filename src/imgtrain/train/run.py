@@ -131,10 +131,13 @@ def _write_failed(message: str) -> str | None:
 
 def _end_sweep(stop: Preempted) -> None:
     """In a multirun a stop signal ends the sweep: the stopped job says so (`stopped.json`, beside its checkpoint)
-    and the jobs that finished get their report now, as Hydra's on_multirun_end would have written it."""
+    and the jobs that finished get their report now, as Hydra's on_multirun_end would have written it. A submitit job
+    (hydra/launcher=slurm) only says so: its launcher waits for the requeued attempt, or ends the sweep itself."""
     if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN) or dist.global_rank() != 0:
         return
     write_json(Path(HydraConfig.get().runtime.output_dir) / STOPPED, {"error": stop.line})
+    if "SUBMITIT_EXECUTOR" in os.environ:  # a job of its own (Slurm may requeue it): its launcher ends the sweep
+        return
     log.warning("the sweep ends here: the report covers the jobs before this one")
     build_report(Path(HydraConfig.get().sweep.dir))
 
