@@ -422,11 +422,11 @@ def test_a_conversion_with_no_image_packed_for_stall_timeout_stops_naming_the_fi
 
     monkeypatch.setattr(converter, "decode_problem", hung)
     started = time.monotonic()
-    assert pack(src, tmp_path / "out", "--stall-timeout", "2") == 1
+    assert pack(src, tmp_path / "out", "--stall-timeout", "3") == 1
     assert time.monotonic() - started < 30
     err = capsys.readouterr().err.strip()
     assert (
         "\n" not in err
-        and f"no image packed in 2 s (--stall-timeout): the workers are on {victim.relative_to(src)}" in err
+        and f"no image packed in 3 s (--stall-timeout): the workers are on {victim.relative_to(src)}" in err
     )
     assert not (tmp_path / "out" / MANIFEST).exists()
