@@ -7,8 +7,10 @@ Debian's packages: slurmctld, slurmd, slurm-client, munge, and slurmdbd with mar
 which submitit asks for a job's state: a job that ended without a result, e.g. killed at its time limit, is known
 only through it). `start` writes every config file into DIR, starts munged, MariaDB, slurmdbd, slurmctld and slurmd
 in the foreground of processes of its own (no systemd, no cgroups: proctrack/linuxproc, task/none), keeps their PIDs
-in DIR/pids.json and returns once `sinfo` says the node is idle and `sacct` answers. `stop` cancels the jobs left and
-ends those PIDs. The daemons run as the current user, who submits every job (root on CI).
+in DIR/pids.json and returns once `sinfo` says the node is idle and `sacct` answers (3 to 8 s on 2 cores). `stop`
+cancels the jobs left and ends those PIDs (about 5 s). The daemons run as the current user, who submits every job:
+root, as on CI (as another user it has not been tried). A requeued job waits REQUEUE_DELAY_S, not Slurm's 120 s, so
+the tests need no `scontrol update StartTime=now`.
 """
 
 from __future__ import annotations

@@ -142,6 +142,13 @@ def _preempt(runs: Runs) -> None:
     runs.cluster.command(*REQUEUE, runs.jobs["requeue"])
 
 
+def stopped_at(name: str, log: str) -> int:
+    """The step a stop signal saved, from the job's line `<SIGNAL>: stopped at step N. The last checkpoint is ...`."""
+    found = re.findall(rf"{name}: stopped at step (\d+)\. The last checkpoint is", log)
+    assert found, log[-3000:]
+    return int(found[-1])
+
+
 def test_a_sweep_is_a_job_array_and_ends_with_its_report(runs: Runs) -> None:
     """data.num_workers=0,1,-1: three tasks of one array; two train, one fails (its value is refused in the job):
     the report, written once the last job has ended, has all three, the failed one with its reason."""
@@ -220,7 +227,7 @@ def test_scontrol_requeue_resumes_exactly_and_takes_over_its_own_directory(runs:
     assert summary["val_loss"] == runs.reference_loss()  # bit for bit: from the step-4 checkpoint, the stall unsaved
     assert (summary["environment"]["slurm"]["job_id"], summary["environment"]["slurm"]["restart_count"]) == (job, 1)
     log = (run.sweep / "0" / "train.log").read_text()
-    assert f"Slurm job {job}, attempt 2 (requeued 1 time)" in log and "resuming from" in log
+    assert f"Slurm job {job}, attempt 2 (requeued 1 time)" in log and "checkpoints/last.pt: step 4," in log
     # its first attempt was killed holding the lock: the second, with the same SLURM_JOB_ID, takes it over
     assert "(an earlier attempt of this job) is no longer running" in run.job_log(job)
 
@@ -244,8 +251,8 @@ def test_the_time_limit_signal_saves_requeues_and_resumes_exactly(runs: Runs) ->
     summary = metrics(run.sweep / "0")
     assert summary["val_loss"] == runs.reference_loss() and summary["environment"]["slurm"]["restart_count"] == 1
     log = run.job_log(job)
-    assert "SIGUSR2 received: saving a checkpoint" in log and "SIGUSR2: stopped at step" in log
-    assert "resuming from" in (run.sweep / "0" / "train.log").read_text()
+    assert "SIGUSR2 received: saving a checkpoint" in log
+    assert f"checkpoints/last.pt: step {stopped_at('SIGUSR2', log)}," in (run.sweep / "0" / "train.log").read_text()
 
 
 def test_scancel_saves_and_ends_in_one_line_and_the_same_command_continues(runs: Runs) -> None:
@@ -256,11 +263,12 @@ def test_scancel_saves_and_ends_in_one_line_and_the_same_command_continues(runs:
     assert f"Slurm job {job} was cancelled (scancel) before it finished" in lines[0]
     assert f"run the same command again with hydra.sweep.dir={run.sweep}" in lines[0]
     assert job_state(runs.cluster, job).startswith("CANCELLED")
-    assert "SIGTERM: stopped at step" in run.job_log(job)  # the job's own line: its checkpoint saved
+    step = stopped_at("SIGTERM", run.job_log(job))  # the job's own line: its checkpoint saved
     assert "the sweep ends here" not in run.job_log(job)  # a job of its own: its launcher says what ends
     code, out = runs.start("again", PREEMPTED, sweep="scancel").finish(TIMEOUT_S)  # the same command: it continues
     assert code == 0, out[-3000:]
     assert metrics(run.sweep / "0")["val_loss"] == runs.reference_loss()
+    assert f"checkpoints/last.pt: step {step}," in (run.sweep / "0" / "train.log").read_text()
 
 
 def test_a_time_limit_signal_from_slurm_requeues_and_resumes_exactly(runs: Runs) -> None:
@@ -274,7 +282,7 @@ def test_a_time_limit_signal_from_slurm_requeues_and_resumes_exactly(runs: Runs)
     assert summary["val_loss"] == runs.reference_loss() and summary["environment"]["slurm"]["restart_count"] >= 1
     log = run.job_log(job)
     assert "Caught signal SIGUSR2" in log and "this job is timed-out" in log  # Slurm's, at its time: submitit says
-    assert "SIGUSR2: stopped at step" in log
+    assert f"checkpoints/last.pt: step {stopped_at('SIGUSR2', log)}," in (run.sweep / "0" / "train.log").read_text()
 
 
 def test_a_job_killed_at_its_time_limit_resumes_from_its_last_checkpoint(runs: Runs) -> None:
@@ -297,7 +305,7 @@ def test_a_job_killed_at_its_time_limit_resumes_from_its_last_checkpoint(runs: R
     )
     assert code == 0, out[-3000:]
     assert metrics(run.sweep / "0")["val_loss"] == runs.reference_loss()
-    assert "resuming from" in (run.sweep / "0" / "train.log").read_text()
+    assert "checkpoints/last.pt: step 4," in (run.sweep / "0" / "train.log").read_text()  # its last periodic one
 
 
 def _doc_commands() -> list[str]:
