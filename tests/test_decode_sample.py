@@ -222,7 +222,7 @@ def test_a_read_that_never_returns_is_left_behind_and_named(
     monkeypatch.setattr(decode_sample, "STUCK_S", 0.5)
     try:
         with caplog.at_level(logging.WARNING, logger="imgtrain.data.decode_sample"):
-            assert sample_decodes(files(photos[2:3] + photos)) is None
+            assert sample_decodes(files(photos[2:3] * 8)) is None  # every file drawn is the held one
     finally:
         stuck.set()
     assert f"the decode sample gave up waiting: {photos[2]} has not been read and decoded" in caplog.text

@@ -14,6 +14,7 @@ The fast suite runs each target on FAST examples; the slow test runs them on SLO
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import re
@@ -59,7 +60,11 @@ def _decoded(data: bytes) -> torch.Tensor | None:
         return None
 
 
-STORED = _decoded(BASE)
+@functools.cache
+def stored_base() -> torch.Tensor:
+    """BASE as TorchCodec decodes it (no APP1: as stored), decoded on first use: not while tests are collected,
+    where loading TorchCodec's libjpeg would change what other modules see mapped."""
+    return _decoded(BASE)
 
 
 def _turn_of(image: torch.Tensor, stored: torch.Tensor) -> int | None:
@@ -123,7 +128,7 @@ def _exif_target(payload: bytes, later: list[bytes], valid: bool) -> None:
     assert isinstance(frame, JpegFrame)
     decoded = _decoded(data)
     assert decoded is not None
-    assert frame.orientation == _turn_of(decoded, STORED), payload  # the turn TorchCodec applies
+    assert frame.orientation == _turn_of(decoded, stored_base()), payload  # the turn TorchCodec applies
     assert frame.upright_size == tuple(decoded.shape[1:])
     if valid and not later:  # PIL reads a valid block as TorchCodec does
         with warnings.catch_warnings():
@@ -224,8 +229,8 @@ def test_every_seed_reads_as_libjpeg_and_torchcodec_read_it() -> None:
             continue
         full = decode_bytes(torch.frombuffer(bytearray(data), dtype=torch.uint8), name)
         assert tuple(full.shape[1:]) == frame.upright_size, name
-        if _turn_of(full, STORED) is not None:  # the base picture's pixels (segments added to its file)
-            assert _turn_of(full, STORED) == frame.orientation, name
+        if _turn_of(full, stored_base()) is not None:  # the base picture's pixels (segments added to its file)
+            assert _turn_of(full, stored_base()) == frame.orientation, name
             turned.add(name)
         reduced = decode_for_crop(torch.frombuffer(bytearray(data), dtype=torch.uint8), name, LIMIT, 0, CropSpec(8))
         if isinstance(reduced, Reduced):  # at 1/4: the same picture, the same way up

@@ -63,7 +63,7 @@ _SKIPPED = frozenset({*range(0xE0, 0xF0), 0xFE, 0xDC})  # APPn, COM, DNL: segmen
 # A marker's code: a byte other than 0x00 and 0xFF right after a 0xFF. The first one after a position is where
 # libjpeg finds the next marker (jdmarker.c, next_marker: bytes other than 0xFF skipped, then 0xFF fill bytes; a
 # stuffed zero, FF 00, skipped as data), found here by the regex engine in one pass, in C.
-_MARKER_CODE = re.compile(rb"(?<=\xff)[^\x00\xff]")
+_MARKER_CODE = re.compile(rb"[^\x00\xff](?<=\xff[^\x00\xff])")  # the code first: a faster scan than the 0xFF first
 # Markers read before the first scan at most. Real files carry a few dozen (an ICC profile split over up to 255
 # APP2 segments among them); the bound keeps a header of millions of two-byte markers from costing seconds here.
 MAX_MARKERS = 4096
