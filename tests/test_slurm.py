@@ -108,8 +108,8 @@ def runs(cluster: slurm_cluster.Cluster, data_dir: Path, tmp_path_factory: pytes
     the job starts, slow in its first attempt so that the signal finds it training; `killed`, a 1-minute limit and no
     signal it could act on, its fifth step stalled. The uninterrupted run, outside Slurm. Three jobs stopped once
     their step-2 checkpoint is on disk: the time-limit signal by hand, `scancel`, and, while a third one's fifth step
-    stalls, a second launch into its directory, then `scontrol requeue` of that third job (it cannot save: killed
-    after KillWait)."""
+    stalls, a second launch into its directory (a job of two tasks: neither may wait for the other), then `scontrol
+    requeue` of that third job (it cannot save: killed after KillWait)."""
     runs = Runs(cluster, data_dir, tmp_path_factory.mktemp("runs"))
     runs.start("signalled", [*on_cluster(timeout_min=2, signal_delay_s=60), *TINY], IMGTRAIN_TEST_STEP_S="10")
     runs.start("killed", [*on_cluster(timeout_min=1, signal_delay_s=0), *TINY], IMGTRAIN_TEST_STALL_AT_STEP="5")
@@ -137,7 +137,7 @@ def _preempt(runs: Runs) -> None:
     stalled = runs.launches["requeue"]
     wait_for(stalled.sweep / "0" / "checkpoints" / "last.pt", stalled, TIMEOUT_S)
     runs.hydra_files = {p: p.read_bytes() for p in (stalled.sweep / "0" / ".hydra").iterdir()}
-    second = runs.start("second", PREEMPTED, sweep="requeue")
+    second = runs.start("second", [*on_cluster(tasks_per_node=2), *TINY], sweep="requeue")  # both ranks refused
     runs.second = (second.job_ids()[0], *second.finish(TIMEOUT_S))
     runs.cluster.command(*REQUEUE, runs.jobs["requeue"])
 

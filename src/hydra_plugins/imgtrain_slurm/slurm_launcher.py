@@ -4,7 +4,8 @@ array and waits for it, with what a run of this template needs around it and not
 - before anything is submitted, a time limit Slurm's signal would reach at once and a job of no task end in one line;
 - sbatch's refusal (a partition that does not exist, GPUs its nodes do not have) ends in one line naming the key;
 - in the job, rank 0 takes its run directory's lock before Hydra writes there, so another job pointed at the same
-  directory leaves it as it was and is refused in one line (the requeued attempt of the same job takes it over);
+  directory leaves it as it was and is refused in one line (the requeued attempt of the same job takes it over); the
+  other ranks go on once rank 0 holds it, and stop with it when it is refused (not waiting for it at the rendezvous);
 - a job that ended without a result (killed at its time limit, cancelled, out of memory) ends the sweep in one line
   naming the job, how Slurm says it ended, and the command that continues it from its last checkpoint.
 
@@ -17,7 +18,9 @@ saves, then submitit requeues the job (`resilience.faults.StopSignals.hand_over`
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,8 +34,11 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 from imgtrain.common.errors import EXIT_BAD_INPUT, EXIT_FAILED, ConfigError, RunEnded, RunError
 from imgtrain.host import dist
 from imgtrain.resilience import rundir
+from imgtrain.resilience.lockfile import look, well_formed, who
 
 SINFO_TIMEOUT_S = 10.0  # the one sinfo call that lists what the cluster has, for a refused submission's line
+RANK_ZERO_LOCK_S = 60.0  # how long the other ranks of a job wait for its rank 0 to hold the run directory's lock
+LOCK_POLL_S = 0.2
 
 # How Slurm names a job's end (sacct's State), as the line says it
 ENDED = {
@@ -90,6 +96,22 @@ def check_limits(params: dict[str, Any]) -> None:
         )
 
 
+def rank_zero_locked(directory: Path) -> str | None:
+    """On a job's other ranks: None once its rank 0 holds `directory`'s lock, or why it will not: the lock is another
+    live run's (rank 0 is refused it too), or rank 0 has not taken it within RANK_ZERO_LOCK_S (its log says why)."""
+    job, host = rundir.job_id(), socket.gethostname()
+    deadline = time.monotonic() + RANK_ZERO_LOCK_S
+    while time.monotonic() < deadline:
+        holder = look(directory / rundir.LOCK_NAME).holder
+        if job and holder.get("job") == job:
+            return None  # this job's: rank 0's, or an earlier attempt's that rank 0 takes over
+        if well_formed(holder) and rundir.stale_reason(holder, time.time(), host, job) is None:
+            pid, where = who(holder)
+            return f"the run directory {directory} is in use by pid {pid} on {where} (job {holder.get('job') or '?'})"
+        time.sleep(LOCK_POLL_S)
+    return f"rank 0 did not take the lock of {directory} within {RANK_ZERO_LOCK_S:.0f} s: its line says why"
+
+
 def ended_line(error: UncompletedJobError, sweep: Path, first_job: int) -> str:
     """One line for a job that ended without a result (or whose process failed outside the training run)."""
     text = str(error)
@@ -142,15 +164,18 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
         job_id: str,
         singleton_state: dict[type, Singleton],
     ) -> JobReturn:
-        """In the job: rank 0 locks the job's directory before Hydra writes there, then Hydra runs the job."""
+        """In the job: rank 0 locks the job's directory before Hydra writes there, the other ranks wait for it to hold
+        it, then Hydra runs the job. A refusal is the job's error, which the launcher ends the sweep with."""
         lock = None
+        config = self._job_config(sweep_overrides, job_num, singleton_state)
+        directory = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
         if dist.global_rank() == 0:
-            config = self._job_config(sweep_overrides, job_num, singleton_state)
-            directory = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
             try:
                 lock = rundir.lock_before_hydra(config, directory)
-            except RunEnded as refused:  # the launcher raises it as the job's error: one line there too
+            except RunEnded as refused:
                 return JobReturn(status=JobStatus.FAILED, _return_value=RunError(refused.line.removeprefix("error: ")))
+        elif (refusal := rank_zero_locked(directory.resolve())) is not None:
+            return JobReturn(status=JobStatus.FAILED, _return_value=RunError(refusal))
         try:
             return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
         finally:

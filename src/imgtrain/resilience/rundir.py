@@ -45,7 +45,7 @@ WAIT_POLL_S = 5.0  # how often a run waiting on its own job's earlier attempt lo
 _JOB_VARIABLES = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")  # the same value in a later attempt of the same job
 
 
-def _job_id() -> str:
+def job_id() -> str:
     return "/".join(f"{name}={os.environ[name]}" for name in _JOB_VARIABLES if os.environ.get(name))
 
 
@@ -89,7 +89,7 @@ class RunDirLock:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "started": time.time(),
-            "job": _job_id(),
+            "job": job_id(),
             "token": uuid.uuid4().hex,
         }
         self._fd: int | None = None  # the lock file this process created, open for the heartbeat
