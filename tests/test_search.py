@@ -87,6 +87,8 @@ def test_a_quoted_choice_reaches_the_job_as_one_value(tmp_path: Path) -> None:
         ("x=shuffle(range(0, 1000000000))", "cannot be searched: 1000000000 choices, more than 10000"),
         ("x=choice(1,", "x: 'x=choice(1,' cannot be searched: "),
         ("x=glob(*)", "x: 'x=glob(*)' cannot be searched: "),
+        # Optuna takes an infinite bound, and raises OverflowError at the first trial it is asked for
+        ("x=interval(0, inf)", "cannot be searched: its bounds are (0.0, inf): expected finite numbers"),
     ],
 )
 def test_a_space_optuna_cannot_draw_from_is_one_line_naming_the_key(line: str, said: str) -> None:

@@ -69,7 +69,12 @@ def _choice(element: Any) -> tuple[Any, str]:
 
 
 def _numeric(optuna: ModuleType, start: Any, end: Any, step: Any = None, log: bool = False) -> Any:
-    """Integers when every bound (and the step) is an int, else floats."""
+    """Integers when every bound (and the step) is an int, else floats; finite ones only (Optuna takes an infinite or
+    NaN bound, and fails on it at the first trial)."""
+    if not all(math.isfinite(bound) for bound in (start, end, step) if bound is not None):
+        raise ValueError(
+            f"its bounds are ({start}, {end}{'' if step is None else f', step {step}'}): expected finite numbers"
+        )
     dist = optuna.distributions
     if all(isinstance(bound, int) for bound in (start, end, step) if bound is not None):
         return dist.IntDistribution(int(start), int(end), log=log, step=1 if step is None else int(step))
@@ -78,6 +83,8 @@ def _numeric(optuna: ModuleType, start: Any, end: Any, step: Any = None, log: bo
 
 def _count(value: RangeSweep) -> int:
     step = value.step or 1
+    if not all(math.isfinite(bound) for bound in (value.start, value.stop, step)):
+        raise ValueError(f"range({value.start}, {value.stop}, {step}): expected finite numbers")
     return max(0, math.ceil((value.stop - value.start) / step))
 
 
@@ -97,8 +104,8 @@ def distribution(optuna: ModuleType, override: Override) -> tuple[Any, list[str]
     # range(start, stop, step): the stop excluded, as Hydra's grammar and basic sweeper do (hydra-optuna-sweeper
     # 1.x included it)
     if isinstance(value, RangeSweep):
-        step = value.step or 1
-        last = value.start + step * max(0, -(-(value.stop - value.start) // step) - 1)
+        step, count = value.step or 1, _count(value)
+        last = value.start + step * max(0, count - 1)
         return _numeric(optuna, value.start, last, step), []
     if isinstance(value, IntervalSweep):
         return _numeric(optuna, value.start, value.end, log="log" in value.tags), []
@@ -113,7 +120,9 @@ def search_space(optuna: ModuleType, overrides: list[str]) -> SearchSpace:
         try:
             override = _PARSER.parse_override(line)
             value, texts = distribution(optuna, override)
-        except (HydraException, ValueError, TypeError, OverflowError) as error:  # Optuna's own checks: ValueError
+        # Optuna's own checks: ValueError; its arithmetic on the bounds: ArithmeticError (OverflowError, decimal's
+        # InvalidOperation for range(0, 1e308, 1e-308))
+        except (HydraException, ValueError, TypeError, ArithmeticError) as error:
             key = line.split("=", 1)[0]
             raise ConfigError(f"hydra.sweeper.params.{key}: {line!r} cannot be searched: {first_line(error)}") from None
         key = override.get_key_element()

@@ -23,6 +23,7 @@ import os
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from imgtrain.common.errors import ConfigError, first_line
+from imgtrain.data.reads import read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +36,8 @@ def read_rows(file: str, key: str) -> list[tuple[str, str]]:
     """(absolute image path, label) of each row of `file` (the format: the module docstring); a problem is one
     ConfigError naming `key` (e.g. dataset.train) or file:line."""
     path = os.path.abspath(os.path.expanduser(file))
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a BOM (Excel's UTF-8 CSV) is not a path
-            text = f.read()
+    try:  # a regular file only, at most its size (a FIFO would block the open, /dev/zero never end)
+        text = bytes(read_bytes(path, max_pixels=None)).decode("utf-8-sig")  # -sig: Excel's BOM is not a path
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(
             f"{key}={file} cannot be read ({first_line(error)}): expected a UTF-8 text file, {CSV_FORMAT}"
@@ -65,7 +65,7 @@ def read_rows(file: str, key: str) -> list[tuple[str, str]]:
                 found = f"{len(cells)} column(s)" if len(cells) != 2 else "an empty cell"
                 raise ConfigError(f"{file}:{reader.line_num}: expected 2 columns, image path and label; found {found}")
             rows.append((os.path.normpath(os.path.join(base, os.path.expanduser(cells[0]))), cells[1]))
-    except csv.Error as error:  # a NUL byte, a quote left open at the end
+    except csv.Error as error:  # a quote left open at the end, a field longer than the csv module's limit
         raise ConfigError(f"{file}:{reader.line_num}: not a readable CSV row ({error}): {CSV_FORMAT}") from None
     if not rows:
         raise ConfigError(f"{key}={file} has no rows: expected {CSV_FORMAT} (a header row is optional)")
@@ -74,8 +74,11 @@ def read_rows(file: str, key: str) -> list[tuple[str, str]]:
 
 def _check_quotes(cells: list[str], file: str, line: int, last: int) -> None:
     """A cell spanning lines is a quote left open: the csv module reads on to the next quote, whatever rows lie
-    between (no path or label holds a line break)."""
+    between (no path or label holds a line break). A NUL byte is no text (the csv module reads it since Python
+    3.11, and a path holding one names another file where C code cuts it there)."""
     for i, cell in enumerate(cells):
+        if "\x00" in cell:
+            raise ConfigError(f"{file}:{line}: a NUL byte in the row ({cell!r}): {CSV_FORMAT}")
         if "\n" in cell or "\r" in cell:
             what = ("path", "label")[i] if i < 2 else f"column {i + 1}"
             raise ConfigError(

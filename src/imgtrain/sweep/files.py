@@ -17,22 +17,32 @@ from imgtrain.common.atomic import BadJSON, atomic_write
 from imgtrain.common.atomic import read_json as parse_json
 from imgtrain.common.errors import first_line
 from imgtrain.common.links import own_target
+from imgtrain.common.plain_yaml import load_plain
 
 
 class Damaged(Exception):
     """A job's file that cannot be used: its message is the reason shown in the job's row."""
 
 
+# The most bytes a job file may take: a run's metrics.json holds a figure per logging window (90 ImageNet epochs at
+# the default window: about 100 KB); a larger file is not one a run wrote, and is not read
+MAX_JOB_FILE_BYTES = 16 << 20
+
+
 def read_text(path: Path, name: str | None = None) -> str:
     """The text of the regular file `path`; Damaged when it cannot be read, naming it `name` (default: its file
-    name). Opened without blocking, so that a FIFO at a job file's name cannot hold the report forever."""
+    name). Opened without blocking, so that a FIFO at a job file's name cannot hold the report forever; at most
+    MAX_JOB_FILE_BYTES."""
     name = name or path.name
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
         with open(fd, "rb") as file:
             if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
                 raise Damaged(f"{name} is not a regular file")
-            return file.read().decode()
+            data = file.read(MAX_JOB_FILE_BYTES + 1)
+            if len(data) > MAX_JOB_FILE_BYTES:
+                raise Damaged(f"{name} is larger than {MAX_JOB_FILE_BYTES >> 20} MiB, more than a run writes: not read")
+            return data.decode()
     except (OSError, UnicodeDecodeError) as error:
         raise Damaged(f"{name} cannot be read ({first_line(error)})") from error
 
@@ -48,12 +58,12 @@ def read_json(path: Path) -> Any:
 
 
 def read_yaml(path: Path, name: str | None = None) -> Any:
-    """The YAML value in `path` (safe_load: plain data only); Damaged (one line, naming it `name`) when it is not
-    YAML."""
+    """The YAML value in `path` (plain data only, no aliases: common/plain_yaml.py); Damaged (one line, naming it
+    `name`) when it is not YAML."""
     name = name or path.name
     text = read_text(path, name)
     try:
-        return yaml.safe_load(text)
+        return load_plain(text)
     except yaml.MarkedYAMLError as error:  # where and what, without PyYAML's multi-line excerpt
         mark = error.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -62,6 +72,8 @@ def read_yaml(path: Path, name: str | None = None) -> Any:
         raise Damaged(f"{name} cannot be read (not YAML: {first_line(error)})") from error
     except RecursionError as error:
         raise Damaged(f"{name} cannot be read (nested too deeply to parse)") from error
+    except ValueError as error:  # an integer of more than 4,300 digits
+        raise Damaged(f"{name} cannot be read ({first_line(error)})") from error
 
 
 def write_file(path: Path, data: bytes) -> None:

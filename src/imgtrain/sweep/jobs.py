@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from imgtrain.common.brief import brief
 from imgtrain.sweep.files import Damaged, read_json, read_yaml
 from imgtrain.sweep.plot import STAGES
 from imgtrain.sweep.rank import spread_of
@@ -73,8 +74,7 @@ def _finite_numbers(value: Any) -> bool:
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return brief(value, 40)
 
 
 def wrong_field(metrics: dict[str, Any]) -> str | None:

@@ -262,7 +262,7 @@ def _check_index(store: Store, split: str, written: SplitFiles) -> None:
         index = _parsed(store.read_text(f"{split}/{INDEX}") or "{}", where)
         chunks, config = index["chunks"], index["config"]
         listed = {
-            file_name(chunk["filename"], where): (int(chunk["chunk_bytes"]), int(chunk["chunk_size"]))
+            file_name(chunk["filename"], where): (_count(chunk["chunk_bytes"]), _count(chunk["chunk_size"]))
             for chunk in chunks
         }
     except (ValueError, KeyError, TypeError) as error:
@@ -275,6 +275,14 @@ def _check_index(store: Store, split: str, written: SplitFiles) -> None:
             f"{where} does not match the shards it indexes ({len(listed)} chunks and {samples:,} samples listed; "
             f"{len(files)} chunks and {written.samples:,} samples written); convert the dataset again"
         )
+
+
+def _count(value: object) -> int:
+    """A chunk's bytes or samples as LitData counts them: a whole number (JSON's Infinity, a numeric string or a
+    bool is not one); ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"a chunk's size is {value!r}, not a whole number")
+    return value
 
 
 def _check_config(config: object, updated_at: object, where: str) -> None:

@@ -9,7 +9,11 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
+from imgtrain.common.brief import brief
+from imgtrain.common.plain_yaml import load_plain
+
 WATCHED = ("train.epochs", "train.max_steps", "optim", "schedule")
+MAX_CONFIG_CHARS = 1 << 20  # a run's settings as OmegaConf writes them take a few KB; PyYAML parses about 1 MB/s
 
 
 def changed_settings(saved_config: Any, settings: Any, saved_batch: int, global_batch: int) -> list[str]:
@@ -17,8 +21,9 @@ def changed_settings(saved_config: Any, settings: Any, saved_batch: int, global_
     checkpoint's `config` entry (OmegaConf's YAML of the run's settings); unreadable, it is said so."""
     changes = [f"global batch {saved_batch} -> {global_batch}"] if saved_batch != global_batch else []
     try:
-        saved = yaml.safe_load(saved_config) if isinstance(saved_config, str) else None
-    except (yaml.YAMLError, RecursionError):
+        readable = isinstance(saved_config, str) and len(saved_config) <= MAX_CONFIG_CHARS
+        saved = load_plain(saved_config) if readable else None
+    except (yaml.YAMLError, RecursionError, ValueError):  # ValueError: an int of more than 4,300 digits
         saved = None
     if not isinstance(saved, dict):
         return [*changes, "the checkpoint's settings could not be read"]
@@ -53,4 +58,4 @@ def _short(value: Any) -> str:
     """A builder's `_target_` by its own name (imgtrain.train.schedules.warmup_step: warmup_step)."""
     if isinstance(value, str) and "." in value and " " not in value and not value[0].isdigit():
         return value.rsplit(".", 1)[-1]
-    return str(value)
+    return brief(value, 60) if not isinstance(value, (str, int, float, bool)) else str(value)[:60]

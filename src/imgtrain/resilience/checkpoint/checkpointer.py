@@ -289,7 +289,7 @@ class Checkpointer:
             if self.order is not None:
                 self.order.load_state_dict(payload.get("data_order"))
             self.progress, counts = progress_from(payload, replicas)
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as error:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError, OverflowError) as error:
             raise self._not_ours(chosen, f"no {error}" if isinstance(error, KeyError) else first_line(error)) from None
         self.faults.restore(counts)
         log.info(

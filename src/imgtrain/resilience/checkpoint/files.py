@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from imgtrain.common.atomic import atomic_write, fsync_dir
-from imgtrain.common.errors import ConfigError, RunError
+from imgtrain.common.brief import brief
+from imgtrain.common.errors import ConfigError, RunError, first_line
 from imgtrain.common.links import refuse_foreign_links
 from imgtrain.common.safe_load import unsafe_torch_reason
 
@@ -38,15 +39,22 @@ class CheckpointError(Exception):
 def damage(path: Path) -> str | None:
     """Why `path` cannot be trusted, or None when its zip structure and every entry's CRC check out.
 
-    torch.load alone notices truncation but not flipped bytes inside a tensor; the zip CRCs do.
+    torch.load alone notices truncation but not flipped bytes inside a tensor; the zip CRCs do. torch.save stores
+    every entry as it is, so an archive whose entries unpack to more than they take is not one: refused before any
+    is unpacked (a few MB of zeros, compressed, would unpack to gigabytes), so reading costs at most the file's size.
     """
     try:
         if not zipfile.is_zipfile(path):
             return "not a complete torch.save archive (truncated or overwritten)"
         with zipfile.ZipFile(path) as archive:
+            packed = [entry for entry in archive.infolist() if entry.compress_type != zipfile.ZIP_STORED]
+            if packed:
+                return f"its entry {packed[0].filename!r} is compressed, which torch.save never does: not unpacked"
             bad = archive.testzip()
-    except (OSError, zipfile.BadZipFile, zlib.error, EOFError) as error:
-        return str(error) or type(error).__name__
+    # zipfile's own kinds of damage besides BadZipFile: a name not in the encoding its flag says (ValueError:
+    # UnicodeDecodeError), an encrypted entry (RuntimeError), a compression method it lacks (NotImplementedError)
+    except (OSError, zipfile.BadZipFile, zlib.error, EOFError, ValueError, RuntimeError, NotImplementedError) as error:
+        return first_line(error)
     return f"CRC mismatch in {bad}" if bad else None
 
 
@@ -77,7 +85,9 @@ def load(path: Path) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:  # weights_only refused a global: code that loading would have run
-        detail = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), "")
+        lines = [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
+        # what the unpickler refused ("Unsupported global: GLOBAL posix.system ...", "Unsupported operand 139")
+        detail = next((line for line in lines if "Unsupported" in line), lines[0] if lines else "")
         raise CheckpointError(
             f"it holds Python objects other than tensors and plain data, which are never loaded ({detail})"
         ) from error
@@ -87,7 +97,9 @@ def load(path: Path) -> dict[str, Any]:
         raise CheckpointError("not an imgtrain checkpoint")
     version = payload.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise CheckpointError(f"its version is {version!r}, not a format number (imgtrain writes {FORMAT_VERSION})")
+        raise CheckpointError(
+            f"its version is {brief(version)}, not a format number (imgtrain writes {FORMAT_VERSION})"
+        )
     if version > FORMAT_VERSION:
         raise CheckpointError(f"written by a newer imgtrain (format {version} > {FORMAT_VERSION})")
     return payload

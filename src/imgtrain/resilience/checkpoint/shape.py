@@ -8,12 +8,14 @@ any time).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
 import torch
 
+from imgtrain.common.brief import brief, brief_int
 from imgtrain.resilience.checkpoint.state import Progress
 from imgtrain.resilience.faults import FaultCounts
 
@@ -26,9 +28,8 @@ class FieldError(ValueError):
 
 
 def _kind(value: Any) -> str:
-    text = repr(value)
     kind = type(value).__name__
-    return f"{text[:40]}{'...' if len(text) > 40 else ''} ({'an' if kind[0] in 'aeiou' else 'a'} {kind})"
+    return f"{brief(value, 43)} ({'an' if kind[0] in 'aeiou' else 'a'} {kind})"
 
 
 def _whole(value: Any) -> bool:
@@ -37,6 +38,13 @@ def _whole(value: Any) -> bool:
 
 def _number_or_none(value: Any) -> bool:
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _gauss(value: Any) -> bool:
+    """NumPy's cached Gaussian: (whether there is one, its value), as capture_rng saves it."""
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 and value[0] in (0, 1)):
+        return False
+    return isinstance(value[1], (int, float)) and not isinstance(value[1], bool) and math.isfinite(value[1])
 
 
 def _numbers(value: Any) -> bool:
@@ -126,8 +134,10 @@ def _rng(payload: dict[str, Any]) -> None:
     if not (isinstance(python[1], (tuple, list)) and all(_whole(i) for i in python[1])):
         raise FieldError("rng.python", "holds a state that is not a sequence of whole numbers")
     numpy = _field(rng, "numpy", lambda v: isinstance(v, dict), "a mapping (kind, keys, pos)", "rng.")
+    _field(numpy, "kind", lambda v: v == "MT19937", "'MT19937'", "rng.numpy.")
     _field(numpy, "keys", lambda v: isinstance(v, torch.Tensor), "a tensor", "rng.numpy.")
     _field(numpy, "pos", _whole, "a whole number >= 0", "rng.numpy.")
+    _field(rng, "numpy_gauss", _gauss, "(0 or 1, a finite number)", "rng.")
     _field(rng, "torch", lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.uint8, "a uint8 tensor", "rng.")
 
 
@@ -145,16 +155,18 @@ def check_reach(payload: dict[str, Any], epochs: int, epoch_samples: int) -> Non
     progress = payload["progress"]
     epoch, samples, step = progress["epoch"], progress["samples_in_epoch"], progress["step"]
     if epoch > epochs:
-        raise FieldError("progress.epoch", f"is {epoch}, past this run's {epochs} epoch(s) (train.epochs={epochs})")
+        raise FieldError(
+            "progress.epoch", f"is {brief_int(epoch)}, past this run's {epochs} epoch(s) (train.epochs={epochs})"
+        )
     if samples > epoch_samples:
         raise FieldError(
             "progress.samples_in_epoch",
-            f"is {samples}, more than one epoch of this run's data holds (at most {epoch_samples})",
+            f"is {brief_int(samples)}, more than one epoch of this run's data holds (at most {epoch_samples})",
         )
     trained = epoch * epoch_samples + samples
     if step > trained:
         raise FieldError(
             "progress.step",
-            f"is {step}, more optimizer steps than the samples of {epoch} epoch(s) and {samples} more "
+            f"is {brief_int(step)}, more optimizer steps than the samples of {epoch} epoch(s) and {samples} more "
             f"(at most {trained})",
         )
