@@ -63,7 +63,7 @@ bench-quick: $(SETUP) ## The harness's smoke test: every path, few steps, report
 bench-gpu: $(SETUP) ## The GPU sections of the harness (gpu-ceilings, gpu-jpeg, recipe-cost; ~15 min on one H100); timm's side: ARGS='--timm-train PATH'
 	$(RUN) benchmarks/bench.py --only gpu-ceilings,gpu-jpeg,recipe-cost $(ARGS)
 
-gpu-check: $(SETUP) ## GPU tests and every headline GPU figure in one call of at most 8 min on one H100, results as they come in GPU_CHECK_OUT (docs/gpu.md)
+gpu-check: $(SETUP) ## GPU tests and every headline GPU figure in one call of at most 5 min on one H200, results as they come in GPU_CHECK_OUT (docs/gpu.md)
 	$(RUN) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(if $(GPU_CHECK_COMMIT),--commit "$(GPU_CHECK_COMMIT)") $(ARGS)
 
 test: $(SETUP) ## Run the fast test suite in TEST_WORKERS processes (2 min on 2 cores; slow tests: make test-slow)
