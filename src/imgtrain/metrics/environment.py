@@ -132,9 +132,11 @@ def jpeg_decoders(decode: str, maps: str = "/proc/self/maps") -> dict[str, Any]:
     """The libjpeg-turbo versions behind TorchCodec (the CPU path's decoder), torchvision.io and Pillow, Pillow's
     version, and nvJPEG's when dataset.decode=cuda (torchvision's: TorchCodec's wheel maps one of its own too)."""
     libraries = guarded(_mapped_libraries, maps) or []
-    others = [p for p in libraries if "torchcodec" not in p]
+    # nvImageCodec's extensions (libjpeg_turbo_ext, libnvjpeg_ext) are its own, loaded once it decodes
+    others = [p for p in libraries if "torchcodec" not in p and "nvimgcodec" not in p]
     torchcodec_jpeg = [p for p in libraries if "libjpeg" in p and "torchcodec" in p]
     torchvision_jpeg = [p for p in others if "libjpeg" in p and "pillow" not in p.lower() and "/PIL/" not in p]
+    torchvision_jpeg.sort(key=lambda path: "torchvision" not in path)  # its wheel's own copy first
     nvjpeg = [p for p in others if "libnvjpeg" in p]
     return {
         "torchcodec_libjpeg_turbo": guarded(_turbo_version, torchcodec_jpeg[0]) if torchcodec_jpeg else None,
