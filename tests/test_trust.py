@@ -77,8 +77,14 @@ def test_a_torch_with_known_weights_only_bypasses_loads_no_checkpoint(
         (lambda p: p["model"].update({"0.weight": "w"}), "its field model.0.weight is 'w' (a str), expected a tensor"),
         (lambda p: p["optimizer"]["param_groups"].append(3), "its field optimizer.param_groups[2] is 3 (an int)"),
         (lambda p: p["progress"].update(val=[1]), "its field progress.val is [1] (a list), expected a mapping"),
+        # loaded as it was into GradScaler, which multiplies by it from the first fp16 step on
+        (lambda p: p.update(scaler={"scale": "x"}), "its field scaler is {'scale': 'x'} (a dict), expected GradScaler"),
+        (lambda p: p["rng"].update(numpy_gauss=(1, float("inf"))), "its field rng.numpy_gauss is (1, inf) (a tuple)"),
     ],
-    ids=["unknown progress key", "no rng", "global batch", "model", "optimizer", "step", "a weight", "group", "val"],
+    ids=[
+        *("unknown progress key", "no rng", "global batch", "model", "optimizer", "step", "a weight", "group", "val"),
+        *("scaler", "numpy gauss"),
+    ],
 )
 def test_a_checkpoint_of_another_shape_is_one_line_naming_the_field(
     checkpoint: Path, tmp_path: Path, damage, said: str

@@ -40,11 +40,31 @@ def _number_or_none(value: Any) -> bool:
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
+# GradScaler.state_dict(): what fp16 training multiplies and counts with from its first step on
+SCALER = {
+    "scale": float,
+    "growth_factor": float,
+    "backoff_factor": float,
+    "growth_interval": int,
+    "_growth_tracker": int,
+}
+
+
+def _scaler(value: Any) -> bool:
+    if not isinstance(value, dict) or (value and set(value) != set(SCALER)):
+        return False
+    return all(_whole(value[key]) if kind is int else _finite(value[key]) for key, kind in SCALER.items() if value)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _gauss(value: Any) -> bool:
     """NumPy's cached Gaussian: (whether there is one, its value), as capture_rng saves it."""
     if not (isinstance(value, (tuple, list)) and len(value) == 2 and value[0] in (0, 1)):
         return False
-    return isinstance(value[1], (int, float)) and not isinstance(value[1], bool) and math.isfinite(value[1])
+    return _finite(value[1])
 
 
 def _numbers(value: Any) -> bool:
@@ -69,7 +89,7 @@ def check_shape(payload: dict[str, Any]) -> None:
     """Raise FieldError for the first field that is missing or of the wrong kind."""
     _tensors(payload, "model")
     _optimizer(payload)
-    _field(payload, "scaler", lambda v: isinstance(v, dict), "a mapping (empty when the loss scaler was off)")
+    _field(payload, "scaler", _scaler, "GradScaler's state (a mapping of its 5 numbers; empty when it was off)")
     if "ema" in payload:
         _tensors(payload, "ema")
         _field(payload, "ema_updates", lambda v: isinstance(v, torch.Tensor) and v.numel() == 1, "a one-element tensor")
