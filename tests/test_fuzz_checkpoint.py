@@ -129,8 +129,10 @@ EXPECTED = {  # each seed: what resuming from it says (None: it resumes)
     "progress_val_shared_lists.pt": "its field progress.val is [[[[...], [...], [...], [...], ...], [[.... (a list)",
     "pickled_global.pt": "holds Python objects other than tensors and plain data",
     "version_string.pt": "its version is '1', not a format number",
+    "rng_gauss_tensor.pt": "its field rng.numpy_gauss is (tensor([]), 0.0) (a tuple)",
     "compressed_entry.pt": "is compressed, which torch.save never does: not unpacked",
     "zip_name_not_utf8.pt": "cannot be used: 'utf-8' codec can't decode byte 0x80",
+    "zip_version_25_3.pt": "cannot be used: zip file version 25.3",
 }
 
 

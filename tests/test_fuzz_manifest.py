@@ -1,7 +1,8 @@
 """Fuzz targets for what a shards destination holds besides the images (data/shards/manifest.py): the manifest
 (imgtrain-shards.json), the partial file of an unfinished conversion, and LitData's index.json of each split, all
 written by whoever can write the destination. Seeded from fuzz_seeds/manifest/ (a real conversion's files, a
---max-side manifest, a partial file; and the index whose chunk_bytes was Infinity, which raised OverflowError),
+--max-side manifest, a partial file; and what targets found: an index whose chunk_bytes was Infinity, which raised
+OverflowError, manifests whose unknown key or format held a line break, which the one-line error then held),
 mutated byte by byte and field by field (data_spec, JSON inside the index's JSON, too). The properties:
 - each read ends in a value or in the one-line error it documents (RunError for the manifest and the index,
   ConfigError for the partial file), within the bound;
@@ -25,7 +26,9 @@ from imgtrain.data.shards.manifest import INDEX, Manifest, SplitFiles, check_spl
 from imgtrain.data.shards.store import Location, Store
 
 SEEDS = seed_files("manifest")
+# imgtrain-shards.json and max_side.json: real ones; manifest.<what>.json: one a target found a crash with
 MANIFESTS = [SEEDS["imgtrain-shards.json"], SEEDS["max_side.json"]]
+FOUND = {name: data for name, data in SEEDS.items() if name.startswith("manifest.")}
 # <split>.index.json: a real conversion's; <split>.<what>.index.json: one a target found a crash with (regressions)
 INDEXES = [data for name, data in SEEDS.items() if name.endswith(".index.json")]
 CHUNK_BYTES = {"train": 6782, "val": 1364}  # the seed conversion's chunk-0-0.bin of each split
@@ -87,7 +90,7 @@ def _index_specs(draw: st.DrawFn) -> str:
     return json_text(index)
 
 
-MANIFEST_INPUTS = st.one_of(mutated(MANIFESTS), _trees(MANIFESTS))
+MANIFEST_INPUTS = st.one_of(mutated([*MANIFESTS, *FOUND.values()]), _trees(MANIFESTS))
 PARTIAL_INPUTS = st.one_of(mutated([SEEDS["partial.json"]]), _trees([SEEDS["partial.json"]]))
 INDEX_INPUTS = st.one_of(mutated(INDEXES), _trees(INDEXES), _index_specs()).map(
     lambda text: text.encode() if isinstance(text, str) else text
@@ -116,6 +119,10 @@ def test_the_seeds_read_and_check(tmp_path: Path) -> None:
     for seed in MANIFESTS:
         manifest_target(seed)
         Manifest.from_json(seed.decode(), "seed")
+    for name, seed in FOUND.items():  # a key or a format holding a line break: the message held it too
+        with pytest.raises(RunError) as caught:
+            Manifest.from_json(seed.decode(), name)
+        assert "\n" not in str(caught.value) and str(caught.value).startswith(f"{name} is not a manifest")
     read_partial(SEEDS["partial.json"].decode(), "seed")
     for name, data in SEEDS.items():
         if not name.endswith(".index.json"):

@@ -61,6 +61,8 @@ def crafted(real: dict) -> dict[str, object]:
         "config_int_5000_digits.pt": {**real, "config": "train: {epochs: " + "1" * 5000 + "}"},  # ValueError
         "pickled_global.pt": {**real, "extra": Planted()},  # code in the pickle: refused, never run
         "version_string.pt": {**real, "version": "1"},
+        "rng_gauss_tensor.pt": {**real, "rng": {**real["rng"], "numpy_gauss": (torch.tensor([]), 0.0)}},  # found:
+        # `in (0, 1)` on an empty tensor raised RuntimeError
     }
 
 
@@ -72,7 +74,8 @@ def compressed(real: Path) -> bytes:
         for entry in source.infolist():
             target.writestr(entry, source.read(entry))
         prefix = source.namelist()[0].split("/")[0]
-        target.writestr(f"{prefix}/padding", bytes(64 << 20), compress_type=zipfile.ZIP_DEFLATED)
+        padding = zipfile.ZipInfo(f"{prefix}/padding", date_time=(1980, 1, 1, 0, 0, 0))  # no clock: the same file
+        target.writestr(padding, bytes(64 << 20), compress_type=zipfile.ZIP_DEFLATED)
     return out.getvalue()
 
 
@@ -85,9 +88,24 @@ def name_not_utf8(real: Path) -> bytes:
     return bytes(data)
 
 
+def zip_version(real: Path) -> bytes:
+    """real.pt with its first central-directory entry asking for zip version 25.3 to extract: zipfile opens no such
+    archive and raises NotImplementedError, which no reader caught (Atheris found it in a few hundred inputs)."""
+    data = bytearray(real.read_bytes())
+    entry = data.index(b"PK\x01\x02")  # the central directory's first entry
+    data[entry + 6 : entry + 8] = (253).to_bytes(2, "little")  # version needed to extract, in tenths
+    return bytes(data)
+
+
 def main() -> None:
+    import random
     import tempfile
 
+    import numpy as np
+
+    random.seed(0)  # the same files on every run: the weights and the saved generator states
+    np.random.seed(0)
+    torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         checkpointer = _checkpointer(Path(tmp))
         real = checkpointer._payload()
@@ -96,6 +114,7 @@ def main() -> None:
         torch.save(payload, HERE / name)
     (HERE / "compressed_entry.pt").write_bytes(compressed(HERE / "real.pt"))
     (HERE / "zip_name_not_utf8.pt").write_bytes(name_not_utf8(HERE / "real.pt"))
+    (HERE / "zip_version_25_3.pt").write_bytes(zip_version(HERE / "real.pt"))
 
 
 if __name__ == "__main__":

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from imgtrain.common.atomic import BadJSON, read_json
+from imgtrain.common.brief import brief
 from imgtrain.common.errors import ConfigError, RunError
 from imgtrain.data.shards.store import Store
 
@@ -46,12 +47,12 @@ def file_name(name: object, where: str) -> str:
     an index is joined into paths (the store, LitData's cache), so `../` or a folder would reach outside it."""
     if isinstance(name, str) and (name == INDEX or CHUNK.fullmatch(name)):
         return name
-    raise RunError(f"{where} names the file {name!r}: a split holds only {INDEX} and chunk-<n>-<n>.bin files")
+    raise RunError(f"{where} names the file {brief(name)}: a split holds only {INDEX} and chunk-<n>-<n>.bin files")
 
 
 def _check_type(value: object, kind: type, what: str, where: str) -> None:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise RunError(f"{where}: {what} is {value!r}, not {_KINDS[kind]}; convert the dataset again")
+        raise RunError(f"{where}: {what} is {brief(value)}, not {_KINDS[kind]}; convert the dataset again")
 
 
 _KINDS = {int: "a whole number", str: "text", list: "a list", dict: "a mapping"}
@@ -132,9 +133,14 @@ class Manifest:
         try:
             raw = _parsed(text, where)
             if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-                raise ValueError(f"format is {raw.get('format') if isinstance(raw, dict) else raw!r}, not {FORMAT!r}")
+                raise ValueError(
+                    f"format is {brief(raw.get('format') if isinstance(raw, dict) else raw)}, not {FORMAT!r}"
+                )
             if raw.get("version") != VERSION:
-                raise ValueError(f"version {raw.get('version')} (this imgtrain reads version {VERSION})")
+                raise ValueError(f"version {brief(raw.get('version'))} (this imgtrain reads version {VERSION})")
+            unknown = [key for key in raw if key not in {f.name for f in fields(cls)}]
+            if unknown:
+                raise ValueError(f"{brief(unknown[0])} is not a field of it")
             manifest = cls(**{**raw, "splits": {}})
         except (ValueError, TypeError) as error:
             raise RunError(f"{where} is not a manifest this imgtrain can read ({error})") from None
@@ -145,7 +151,7 @@ class Manifest:
         splits are there: one line naming the manifest and the field otherwise."""
         _check_type(self.classes, list, "classes", where)
         if not self.classes or not all(isinstance(name, str) for name in self.classes):
-            raise RunError(f"{where}: classes is {self.classes!r}, not a list of class names; convert it again")
+            raise RunError(f"{where}: classes is {brief(self.classes)}, not a list of class names; convert it again")
         for value, kind, what in (
             (self.source, dict, "source"),
             (self.engine, dict, "engine"),
@@ -201,7 +207,7 @@ def read_partial(text: str, where: str) -> dict[str, Any]:
             _check_type(value, kind, what, where)
         unknown = sorted(set(state["done"]) - set(SPLITS))
         if unknown:
-            raise ValueError(f"{unknown[0]!r} is not a split (expected {' or '.join(SPLITS)})")
+            raise ValueError(f"{brief(unknown[0])} is not a split (expected {' or '.join(SPLITS)})")
         state["done"] = {split: SplitFiles.read(files, split, where) for split, files in state["done"].items()}
     except (ValueError, RunError) as error:  # DST holds what this converter cannot use: bad input, as a refusal
         why = str(error).removeprefix(f"{where}: ")
@@ -281,18 +287,19 @@ def _count(value: object) -> int:
     """A chunk's bytes or samples as LitData counts them: a whole number (JSON's Infinity, a numeric string or a
     bool is not one); ValueError otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"a chunk's size is {value!r}, not a whole number")
+        raise ValueError(f"a chunk's size is {brief(value)}, not a whole number")
     return value
 
 
 def _check_config(config: object, updated_at: object, where: str) -> None:
     """The index's settings that choose code or paths are the converter's: one line naming the field otherwise."""
     if not isinstance(config, dict):
-        raise RunError(f"{where}: its config is {config!r}, not LitData's settings; convert the dataset again")
+        raise RunError(f"{where}: its config is {brief(config)}, not LitData's settings; convert the dataset again")
     formats = config.get("data_format")
     if formats != list(FIELDS.values()):
         raise RunError(
-            f"{where}: data_format is {formats!r}: imgtrain shards hold {list(FIELDS.values())} ({', '.join(FIELDS)}), "
+            f"{where}: data_format is {brief(formats, 80)}: imgtrain shards hold {list(FIELDS.values())} "
+            f"({', '.join(FIELDS)}), "
             "nothing else is read (some LitData formats, such as pickle, run code when they load); convert the "
             "dataset again with imgtrain-shards"
         )
@@ -300,9 +307,11 @@ def _check_config(config: object, updated_at: object, where: str) -> None:
         raise RunError(f"{where}: data_spec does not describe the fields {list(FIELDS)}; convert the dataset again")
     for key, value in _PLAIN.items():
         if config.get(key) != value:
-            raise RunError(f"{where}: {key} is {config.get(key)!r}, imgtrain-shards writes {value!r}; convert again")
+            raise RunError(
+                f"{where}: {key} is {brief(config.get(key))}, imgtrain-shards writes {value!r}; convert again"
+            )
     if updated_at is not None and not (isinstance(updated_at, str) and _UPDATED_AT.fullmatch(updated_at)):
-        raise RunError(f"{where}: updated_at is {updated_at!r}, not a timestamp; convert the dataset again")
+        raise RunError(f"{where}: updated_at is {brief(updated_at)}, not a timestamp; convert the dataset again")
 
 
 def _spec_fields(spec: object) -> list[str] | None:

@@ -62,7 +62,7 @@ def _finite(value: Any) -> bool:
 
 def _gauss(value: Any) -> bool:
     """NumPy's cached Gaussian: (whether there is one, its value), as capture_rng saves it."""
-    if not (isinstance(value, (tuple, list)) and len(value) == 2 and value[0] in (0, 1)):
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], int) and value[0] in (0, 1)):
         return False
     return _finite(value[1])
 
@@ -154,7 +154,7 @@ def _rng(payload: dict[str, Any]) -> None:
     if not (isinstance(python[1], (tuple, list)) and all(_whole(i) for i in python[1])):
         raise FieldError("rng.python", "holds a state that is not a sequence of whole numbers")
     numpy = _field(rng, "numpy", lambda v: isinstance(v, dict), "a mapping (kind, keys, pos)", "rng.")
-    _field(numpy, "kind", lambda v: v == "MT19937", "'MT19937'", "rng.numpy.")
+    _field(numpy, "kind", lambda v: isinstance(v, str) and v == "MT19937", "'MT19937'", "rng.numpy.")
     _field(numpy, "keys", lambda v: isinstance(v, torch.Tensor), "a tensor", "rng.numpy.")
     _field(numpy, "pos", _whole, "a whole number >= 0", "rng.numpy.")
     _field(rng, "numpy_gauss", _gauss, "(0 or 1, a finite number)", "rng.")
