@@ -11,6 +11,7 @@ libFuzzer's own -timeout must stay 0: it uses SIGALRM, as the targets' own bound
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +33,8 @@ import test_fuzz_manifest as manifest  # noqa: E402
 import test_fuzz_search_space as space  # noqa: E402
 import test_fuzz_sweep as sweep  # noqa: E402
 
-FOLDER = Path(tempfile.mkdtemp(prefix="atheris-"))
+# where the targets write each input as a file: the test's own folder (IMGTRAIN_FUZZ_DIR), else a temporary one
+FOLDER = Path(os.environ.get("IMGTRAIN_FUZZ_DIR") or tempfile.mkdtemp(prefix="atheris-"))
 
 
 def _job(**files: bytes) -> dict:

@@ -26,7 +26,8 @@ def test_atheris_finds_no_crash(target: str, tmp_path: Path) -> None:
     corpus, found = tmp_path / "corpus", tmp_path / "found"
     corpus.mkdir()
     found.mkdir()
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    (tmp_path / "work").mkdir()
+    env = {**os.environ, "PYTHONHASHSEED": "0", "IMGTRAIN_FUZZ_DIR": str(tmp_path / "work")}
     subprocess.run([sys.executable, str(HARNESS), target, "--write-corpus", str(corpus)], check=True, env=env)
     flags = [f"-max_total_time={SECONDS}", "-timeout=0", "-rss_limit_mb=4096", f"-artifact_prefix={found}/"]
     result = subprocess.run(
