@@ -43,7 +43,10 @@ def _job(**files: bytes) -> dict:
 
 TARGETS = {  # name -> (the target of one input's bytes, the seeds it starts from)
     "csv": (lambda data: csv_rows.damaged_target(FOLDER, data, ".csv"), csv_rows.SEEDS.values()),
-    "manifest": (manifest.manifest_target, [*manifest.MANIFESTS, *manifest.FOUND.values()]),
+    "manifest": (
+        lambda data: manifest.stored_manifest_target(FOLDER / "dst", data),
+        [*manifest.MANIFESTS, *manifest.FOUND.values()],
+    ),
     "partial": (manifest.partial_target, [manifest.SEEDS["partial.json"]]),
     "index": (lambda data: manifest.index_target(FOLDER, "train", data), manifest.INDEXES),
     "checkpoint": (lambda data: checkpoint.load_target(FOLDER, data), checkpoint.SEEDS.values()),

@@ -2,7 +2,8 @@
 (imgtrain-shards.json), the partial file of an unfinished conversion, and LitData's index.json of each split, all
 written by whoever can write the destination. Seeded from fuzz_seeds/manifest/ (a real conversion's files, a
 --max-side manifest, a partial file; and what targets found: an index whose chunk_bytes was Infinity, which raised
-OverflowError, manifests whose unknown key or format held a line break, which the one-line error then held),
+OverflowError, manifests whose unknown key or format held a line break, which the one-line error then held, and
+one that is not UTF-8, whose UnicodeDecodeError reached the command line),
 mutated byte by byte and field by field (data_spec, JSON inside the index's JSON, too). The properties:
 - each read ends in a value or in the one-line error it documents (RunError for the manifest and the index,
   ConfigError for the partial file), within the bound;
@@ -22,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from imgtrain.common.errors import ConfigError, RunError
-from imgtrain.data.shards.manifest import INDEX, Manifest, SplitFiles, check_split, read_partial
+from imgtrain.data.shards.manifest import INDEX, Manifest, SplitFiles, check_split, read_manifest, read_partial
 from imgtrain.data.shards.store import Location, Store
 
 SEEDS = seed_files("manifest")
@@ -50,6 +51,17 @@ def manifest_target(text: str | bytes) -> None:
         again = Manifest.from_json(manifest.to_json(), "again")
         assert json.loads(json_text(asdict(again))) == json.loads(json_text(asdict(manifest)))
         assert manifest.packed().startswith("packed ")
+
+
+def stored_manifest_target(folder: Path, data: bytes) -> None:
+    """The manifest's bytes as a destination holds them, read as training reads them (read_manifest)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "imgtrain-shards.json").write_bytes(data)
+    try:
+        with bounded("reading a stored manifest"):
+            read_manifest(Store(Location.parse(str(folder))))
+    except (RunError, ConfigError) as error:
+        _one_line(error, str(folder / "imgtrain-shards.json"))
 
 
 def partial_target(text: str | bytes) -> None:
@@ -104,6 +116,12 @@ def test_a_manifest_reads_back_or_is_one_line(text: str | bytes) -> None:
 
 
 @fast()
+@given(mutated([*MANIFESTS, *FOUND.values()]))
+def test_a_manifest_as_stored_reads_or_is_one_line(tmp_path: Path, data: bytes) -> None:
+    stored_manifest_target(tmp_path / "dst", data)
+
+
+@fast()
 @given(PARTIAL_INPUTS)
 def test_a_partial_file_reads_or_is_one_line(text: str | bytes) -> None:
     partial_target(text)
@@ -119,10 +137,14 @@ def test_the_seeds_read_and_check(tmp_path: Path) -> None:
     for seed in MANIFESTS:
         manifest_target(seed)
         Manifest.from_json(seed.decode(), "seed")
-    for name, seed in FOUND.items():  # a key or a format holding a line break: the message held it too
+    for name, seed in FOUND.items():  # a key or a format holding a line break (the message held it too), bytes
+        (tmp_path / name).mkdir()  # not UTF-8 (UnicodeDecodeError)
+        (tmp_path / name / "imgtrain-shards.json").write_bytes(seed)
         with pytest.raises(RunError) as caught:
-            Manifest.from_json(seed.decode(), name)
-        assert "\n" not in str(caught.value) and str(caught.value).startswith(f"{name} is not a manifest")
+            read_manifest(Store(Location.parse(str(tmp_path / name))))
+        said = str(caught.value)
+        assert "\n" not in said and said.startswith(str(tmp_path / name / "imgtrain-shards.json")), said
+        assert " is not a manifest this imgtrain can read (" in said or " is not UTF-8 text (" in said, said
     read_partial(SEEDS["partial.json"].decode(), "seed")
     for name, data in SEEDS.items():
         if not name.endswith(".index.json"):
@@ -140,5 +162,6 @@ def test_the_seeds_read_and_check(tmp_path: Path) -> None:
 @pytest.mark.slow  # a few minutes: each target on SLOW examples
 def test_the_manifest_targets_on_a_larger_budget(tmp_path: Path) -> None:
     slow()(given(MANIFEST_INPUTS)(manifest_target))()
+    slow()(given(mutated([*MANIFESTS, *FOUND.values()]))(lambda data: stored_manifest_target(tmp_path / "d", data)))()
     slow()(given(PARTIAL_INPUTS)(partial_target))()
     slow()(given(st.sampled_from(["train", "val"]), INDEX_INPUTS)(lambda s, d: index_target(tmp_path, s, d)))()

@@ -202,16 +202,26 @@ class Store:
         """The file's text, or None when it does not exist (a missing bucket is an error)."""
         if not self.location.is_s3:
             path = Path(self.location.url, name)
-            return path.read_text() if path.is_file() else None
+            return self._text(name, path.read_bytes()) if path.is_file() else None
         try:
             body = self.client.get_object(Bucket=self.location.bucket, Key=self._key(name))["Body"]
-            return body.read().decode()
+            return self._text(name, body.read())
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 return None
             raise self._fail(name, error) from None
         except BotoCoreError as error:
             raise self._fail(name, error) from None
+
+    def _text(self, name: str, data: bytes) -> str:
+        """`data` as UTF-8 text; one line naming the file otherwise (a manifest or an index someone overwrote)."""
+        try:
+            return data.decode()
+        except UnicodeDecodeError as error:
+            raise StorageError(
+                f"{self.location.join(name)} is not UTF-8 text ({error.reason} at byte {error.start}): it is not a "
+                "file imgtrain-shards wrote; convert the dataset again"
+            ) from None
 
     def write_text(self, name: str, text: str) -> None:
         """Write the file whole: readers see the old version or the new one, never a part."""
