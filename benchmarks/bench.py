@@ -34,7 +34,11 @@ Sections, in one invocation on this machine (`--only` picks some, e.g. `--only g
   big-photos    the training loader on 6- and 12-MP photos and ImageNet-sized JPEGs: the full decode, scaled decoding
                 (dataset.scaled_decode) and shards packed at --max-side 512, on one core and with 2 workers, training
                 and validation, interleaved rounds (3; --repeats), and the goals judged (benchmarks/big_photos.py;
-                about 10 minutes on 2 cores, the ImageNet-sized rows at least 2 s each).
+                about 10 minutes on 2 cores, the ImageNet-sized rows at least 2 s each);
+  per-core      the training loader on one core (data.num_workers=0, rrc_flip at 224 px) against a bare decode of the
+                same 512 ImageNet-sized JPEGs and torchvision's per-sample crop, interleaved rounds (5; --repeats), and
+                the instructions each takes per image under valgrind's callgrind, with the functions they go to
+                (benchmarks/per_core.py; about 1 minute, and 10 more for the counts where valgrind is installed).
 The GPU sections run only where CUDA is available, otherwise their rows say "not measured". Every GPU row
 measures at least 200 steady-state steps. Every figure comes from a real run's metrics.json (or the bare
 loop's or timm's output, or, for the kernel sections, this process's clock); nothing is estimated. Results go
@@ -66,6 +70,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import big_photos  # noqa: E402  (benchmarks/big_photos.py)
 import gpu_rows  # noqa: E402  (benchmarks/gpu_rows.py: the GPU rows' overrides, shared with gpu_check.py)
 import kernels  # noqa: E402  (benchmarks/kernels.py)
+import per_core  # noqa: E402  (benchmarks/per_core.py)
 import photos  # noqa: E402  (benchmarks/photos.py)
 import recipes  # noqa: E402  (benchmarks/recipes.py)
 import threads_train  # noqa: E402  (benchmarks/threads_train.py)
@@ -497,6 +502,7 @@ SECTIONS += ("decode-cpu", "resize-kernels")  # benchmarks/kernels.py
 SECTIONS += ("augment-loaders", "recipe-cost")  # benchmarks/recipes.py
 SECTIONS += ("threads",)  # benchmarks/threads_train.py
 SECTIONS += ("big-photos",)  # benchmarks/big_photos.py
+SECTIONS += ("per-core",)  # benchmarks/per_core.py
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -504,7 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="few steps and one repeat: a smoke test, not figures")
     parser.add_argument("--only", help=f"comma-separated sections to run (default: all): {', '.join(SECTIONS)}")
     parser.add_argument(
-        "--repeats", type=int, help="interleaved runs each: overhead 5, checkpoint, threads and big-photos 3; quick: 1"
+        "--repeats",
+        type=int,
+        help="interleaved runs each: overhead and per-core 5, checkpoint, threads and big-photos 3; quick: 1",
     )
     parser.add_argument("--workdir", type=Path, help="datasets and run directories (default: a temporary dir)")
     parser.add_argument("--json", type=Path, help="results file (default: benchmarks/results/<date>.json)")
@@ -562,13 +570,16 @@ def main(argv: list[str] | None = None) -> int:
         report["threads"] = threads_train.threads(bench, 1 if args.quick else (args.repeats or 3))
     if "big-photos" in only:
         report["big_photos"] = big_photos.section(workdir, args.quick, args.repeats or 3)
+    if "per-core" in only:
+        report["per_core"] = per_core.section(workdir, args.quick, args.repeats or 5)
     stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M%S")
     json_path = args.json or ROOT / "benchmarks" / "results" / f"{stamp}.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     from render import render  # benchmarks/render.py
 
-    text = render(report, json_path) + "\n".join([*threads_train.render(report), *big_photos.render(report)])
+    sections = [*threads_train.render(report), *big_photos.render(report), *per_core.render(report)]
+    text = render(report, json_path) + "\n".join(sections)
     markdown_path = args.markdown or ROOT / "BENCHMARKS.md"
     with open(markdown_path, "a") as f:
         f.write(text)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision.transforms.v2.functional as F
+from torch.utils.data import DataLoader
 from torchvision.transforms import RandomResizedCrop, v2
 
 from imgtrain.data import batched
@@ -105,6 +106,42 @@ def test_larger_and_mixed_sizes_take_torchvisions_own_kernel_exactly() -> None:
     for i, (image, box) in enumerate(zip(images, boxes, strict=True)):
         expected = F.resized_crop(image, *(int(v) for v in box), [48, 48], antialias=True)
         assert torch.equal(out[i], expected.flip(-1) if draws[i, -1] < 0.5 else expected)
+
+
+BOXES = [(0, 0, 75, 100), (5, 7, 48, 48), (10, 20, 30, 17), (3, 4, 60, 1), (0, 50, 1, 50), (12, 9, 51, 77)]
+
+
+def test_the_crop_is_torchvisions_resized_crop_pixel_for_pixel_in_either_layout() -> None:
+    """batched.resized_crop against torchvision's resized_crop, then flip: the same pixels for images as the CPU
+    decoders give them (RGB rows: [3, H, W] viewed from [H, W, 3]) and planar ones, for the whole image, boxes of the
+    output's size, smaller (upscaled), one pixel thin, and 200 drawn at random; the crop comes out channels-last."""
+    generator = torch.Generator().manual_seed(2)
+    rows = torch.randint(0, 256, (75, 100, 3), dtype=torch.uint8, generator=generator)
+    drawn = batched.random_boxes(np.full(200, 75), np.full(200, 100), batched.uniforms(np.arange(200), batched.DRAWS),
+                                 batched.CropSpec(48, (0.05, 1.0), (0.5, 2.0)))  # fmt: skip
+    for image in (rows.permute(2, 0, 1), rows.permute(2, 0, 1).contiguous()):
+        for i, box in enumerate([*BOXES, *(tuple(int(v) for v in box) for box in drawn)]):
+            flip = i % 2 == 1
+            expected = F.resized_crop(image, *box, [48, 48], antialias=True)
+            out = batched.resized_crop(image, *box, 48, flip)
+            assert torch.equal(out, expected.flip(-1) if flip else expected), (box, flip)
+            assert out.stride(0) == 1, box  # channels-last: RGB after RGB
+
+
+def test_the_crops_are_written_once_into_a_channels_last_batch_that_crosses_from_a_worker(tmp_path: Path) -> None:
+    """collate's batch is the one the crops were written into (channels-last; in shared memory inside a worker, as
+    default_collate's): a DataLoader worker hands over the same pixels as this process makes, in the same layout,
+    and they are the per-sample crops stacked."""
+    bundle = build_shapes("shapes", 64, [0.5] * 3, [0.25] * 3, True, str(tmp_path), 16, 10, 0)  # 64 px: per image
+    samples, items = GuardedSamples(bundle.train), [(i, 1000 + i) for i in range(8)]
+    here = collate(samples.__getitems__(items)).images
+    there = next(iter(DataLoader(samples, batch_sampler=[items], num_workers=1, collate_fn=collate))).images
+    assert torch.equal(there, here) and here.is_contiguous(memory_format=torch.channels_last)
+    assert there.is_contiguous(memory_format=torch.channels_last)
+    decoded = [bundle.train.decoded(i)[0] for i in range(8)]
+    per_image = batched.augment_batch(decoded, np.arange(1000, 1008), bundle.train.crop_spec)
+    assert torch.equal(here, torch.stack(per_image))
+    assert batched.channels_last_batch(2, 8, decoded[0], shared=True).is_shared()
 
 
 def test_evaluation_transforms_give_the_per_sample_pixels(shapes_images) -> None:

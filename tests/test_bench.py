@@ -53,6 +53,9 @@ def test_quick_benchmark_runs_every_section(tmp_path: Path) -> None:
     assert len(report["resize_kernels"]["rows"]) == 6
     ways = ("v2 per sample", "uint8 resize per image", "roi_align per batch")
     assert all(row[way]["median"] > 0 for row in report["resize_kernels"]["rows"] for way in ways)
+    per_core = report["per_core"]["summary"]
+    assert set(per_core) == {"bare", "torchvision per sample", "loader"}
+    assert all(row["images_per_sec"]["median"] > 0 and row["x_bare"]["median"] > 0 for row in per_core.values())
     loaders = {(row["policy"], row["workers"]): row for row in report["augment_loaders"]["rows"]}
     assert set(loaders) == {("rrc_flip", 1), ("trivialaugment", 1), ("randaugment", 1)}
     assert all(row["ours"]["median"] > 0 and row["ours_stage_ms"]["decode"] > 0 for row in loaders.values())

@@ -15,11 +15,16 @@ resize-kernels`, BENCHMARKS.md, 2026-11-24 20:50):
   the first two tie (0.027, 0.026), so the group call is kept up to 40 px;
 - larger images: torchvision's uint8 antialiased resize per image. Its SIMD kernel works on the crop alone, in
   uint8; roi_align works in float: 0.032 against 0.050 ms at 64 px, 0.35 against 2.8 ms for a 500x375 JPEG to
-  224 px. Each call is one C++ kernel, with no transform machinery around it.
+  224 px. Each call is one C++ kernel, with no transform machinery around it (`resized_crop`: the crop handed to
+  it as the channels-last block it works on, written once into the batch collate hands over, `crop_batch`).
+
+The batch is channels-last in memory ([B, 3, S, S] viewed from [B, S, S, 3]): what the kernel writes, and what the
+model takes on CUDA (system.channels_last=auto); the feed converts it to the model's format on the device.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -137,22 +142,47 @@ def _centre_boxes(heights: np.ndarray, widths: np.ndarray, ratio: tuple[float, f
 def augment_batch(
     images: list[torch.Tensor], seeds: np.ndarray | None, spec: CropSpec, full: np.ndarray | None = None
 ) -> list[torch.Tensor]:
-    """uint8 images [3, H, W] of any sizes -> uint8 [3, size, size] each: cropped and resized as `spec` says, flipped
-    where each seed's draw says (`seeds` may be None for a spec without randomness), then through the spec's policy,
-    per sample (data/policies.py). A list, which collate stacks into shared memory: the images are copied once,
-    there; random erasing is applied there, to the stacked batch (`collate`).
+    """uint8 images [3, H, W] of any sizes -> uint8 [3, size, size] each: `crop_batch`, then through the spec's
+    policy, per sample (data/policies.py). Random erasing is collate's, on the stacked batch."""
+    return apply_policy(list(crop_batch(images, seeds, spec, full)), seeds, spec.policy)
+
+
+def crop_batch(
+    images: list[torch.Tensor],
+    seeds: np.ndarray | None,
+    spec: CropSpec,
+    full: np.ndarray | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """uint8 images [3, H, W] of any sizes cropped and resized as `spec` says, flipped where each seed's draw says
+    (`seeds` may be None for a spec without randomness), each written once into `out` [B, 3, size, size]: by
+    default a new channels-last batch (`channels_last_batch`); collate's is in shared memory inside a worker.
 
     `full` [B, 2]: each image's (height, width) at full scale where it was decoded smaller (data/scaled_decode.py):
     its box is drawn on that size, as for the full image, then mapped onto the image."""
     random = spec.scale is not None or spec.flip_p > 0
     draws = uniforms(seeds, DRAWS) if random else None
     flips = draws[:, -1] < spec.flip_p if spec.flip_p > 0 else np.zeros(len(images), dtype=bool)
+    out = channels_last_batch(len(images), spec.size, images[0]) if out is None else out
     if spec.scale is None:  # the whole image resized: the same at any scale
-        out = [_evaluation_crop(image, spec) for image in images]
-        out = [image.flip(-1) if flip else image for image, flip in zip(out, flips, strict=True)]
+        for i, (image, flip) in enumerate(zip(images, flips, strict=True)):
+            crop = _evaluation_crop(image, spec)
+            out[i] = crop.flip(-1) if flip else crop
     else:
-        out = _crop_resize_flip(images, image_boxes(images, draws, spec, full), flips, spec.size)
-    return apply_policy(out, seeds, spec.policy)
+        _crop_resize_flip(images, image_boxes(images, draws, spec, full), flips, out)
+    return out
+
+
+def channels_last_batch(count: int, size: int, like: torch.Tensor, shared: bool = False) -> torch.Tensor:
+    """An empty batch [count, C, size, size] of `like`'s channels and dtype, channels-last in memory (each image's
+    pixels RGB after RGB, as `resized_crop` makes them); `shared`: in shared memory, allocated as default_collate
+    allocates its batches inside a worker, so that it reaches the training process without a copy."""
+    shape = (count, size, size, like.shape[0])
+    if shared:
+        rows = like.new(like._typed_storage()._new_shared(math.prod(shape), device=like.device)).view(shape)
+    else:
+        rows = torch.empty(shape, dtype=like.dtype)
+    return rows.permute(0, 3, 1, 2)
 
 
 def image_boxes(
@@ -184,10 +214,12 @@ def _mapped(start: np.ndarray, length: np.ndarray, factor: np.ndarray, limit: np
     return first, end - first
 
 
-def _crop_resize_flip(images: list[torch.Tensor], boxes: np.ndarray, flips: np.ndarray, size: int) -> list:
-    """Each image's box resized to size x size and flipped where asked: one roi_align call per group of small
-    same-size images, else torchvision's uint8 resize per image (see the module docstring for why)."""
-    out: list[torch.Tensor | None] = [None] * len(images)
+def _crop_resize_flip(images: list[torch.Tensor], boxes: np.ndarray, flips: np.ndarray, out: torch.Tensor) -> None:
+    """Each image's box resized to out's size and flipped where asked, into `out`: one roi_align call per group of
+    small same-size images, else torchvision's uint8 resize per image (see the module docstring for why), each
+    crop copied into the batch while it is in the cache and dropped: one crop's memory at a time, reused, where a
+    list of crops stacked at the end held a second batch of them."""
+    size = out.shape[-1]
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, image in enumerate(images):
         groups.setdefault(tuple(image.shape), []).append(i)
@@ -195,14 +227,24 @@ def _crop_resize_flip(images: list[torch.Tensor], boxes: np.ndarray, flips: np.n
         if len(members) > 1 and max(shape[-2:]) <= ROI_ALIGN_MAX_SIDE:
             group = _roi_align_group(torch.stack([images[i] for i in members]), boxes[members], size)
             flip = torch.from_numpy(flips[members])
-            for i, image in zip(members, torch.where(flip[:, None, None, None], group.flip(-1), group), strict=True):
-                out[i] = image
+            out[members] = torch.where(flip[:, None, None, None], group.flip(-1), group)
             continue
         for i in members:
-            top, left, height, width = (int(v) for v in boxes[i])
-            image = F.resized_crop(images[i], top, left, height, width, [size, size], antialias=True)
-            out[i] = image.flip(-1) if flips[i] else image
-    return out
+            out[i] = resized_crop(images[i], *(int(v) for v in boxes[i]), size, bool(flips[i]))
+
+
+def resized_crop(image: torch.Tensor, top: int, left: int, height: int, width: int, size: int, flip: bool):
+    """uint8 [3, H, W] -> [3, size, size], channels-last in memory: torchvision's `resized_crop` (its own kernel,
+    `resize_image`: bilinear, antialiased), then the flip, with the same pixels and less work around the kernel.
+
+    The box is copied to its own channels-last block first (flipped in that copy where asked: the filter is mirror
+    symmetric, so resizing the mirrored box gives the mirrored result): on such a block the uint8 kernel reads and
+    writes RGB rows directly. On a box that is a view of the decoded image (row stride of the whole image) it
+    would copy the box, resize, then repack its output into planes, 1.4M of the 3.9M instructions it took per
+    500x375 JPEG's crop (callgrind, benchmarks/per_core.py), and the flip was one more pass over the output."""
+    box = image.permute(1, 2, 0)[top : top + height, left : left + width]  # [h, w, 3]: rows of RGB pixels
+    box = box.flip(1).contiguous() if flip else box.contiguous()  # flip keeps a planar image's order: then 2 copies
+    return F.resize_image(box[None].permute(0, 3, 1, 2), [size, size], antialias=True)[0]
 
 
 def _roi_align_group(images: torch.Tensor, boxes: np.ndarray, size: int) -> torch.Tensor:

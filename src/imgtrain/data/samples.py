@@ -3,9 +3,10 @@
 `GuardedSamples` wraps a Dataset: it seeds each sample's augmentation, handles unreadable files (replaced in
 training, dropped in validation) and, when the DataLoader asks for a whole batch (`__getitems__`), decodes each
 sample on its own and leaves it Uncropped. `collate` crops, resizes and flips the batch in one call
-(data/batched.py), then runs the policy per sample and random erasing on the stacked batch (data/policies.py), or
-leaves the crop and erasing to the device (RawBatch, data/resample.py), and makes the `Batch` the loop receives,
-with the unreadable files and the stage times (all of it the `augment` stage's).
+(data/batched.py), each crop written once into the batch it hands over (channels-last; in shared memory inside a
+worker), then runs the policy per sample and random erasing on the stacked batch (data/policies.py), or leaves the
+crop and erasing to the device (RawBatch, data/resample.py), and makes the `Batch` the loop receives, with the
+unreadable files and the stage times (all of it the `augment` stage's).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from imgtrain.config.fields import AugmentOn
 from imgtrain.data import batched, policies, resample, stages
@@ -39,7 +40,8 @@ DEVICE_CANVAS_MAX_BYTES = resample.CHUNK_BYTES
 
 
 class Batch(NamedTuple):
-    """What the loaders yield: uint8 images [B, 3, H, W], labels [B], and the unreadable files replaced (training)
+    """What the loaders yield: uint8 images [B, 3, H, W] (channels-last in memory from the batched crops), labels
+    [B], and the unreadable files replaced (training)
     or dropped (validation: then B may be smaller than the batch size, even 0, with `images` None).
 
     With dataset.decode=cuda, `images` is an EncodedBatch (the undecoded JPEGs in one byte buffer, with their seeds)
@@ -120,15 +122,15 @@ class Erasing(NamedTuple):
 
 
 def collate(items: list[Sample]) -> Batch:
-    """default_collate for images and labels (it stacks into shared memory inside a worker), plus the skips and
+    """The batch of images and labels (in shared memory inside a worker, as default_collate's), plus the skips and
     the stage times.
 
-    Uncropped images are cropped, resized and flipped here for the whole batch (and through their policy), or left
-    for the device (RawBatch); random erasing is one masked fill of the stacked batch here, or travels with the
-    RawBatch. Undecoded files (EncodedJpeg, dataset.decode=cuda) are packed into one EncodedBatch, with their paths.
-    Items GuardedSamples dropped (image None) are left out.
+    Uncropped images are cropped, resized and flipped here for the whole batch, into the batch itself (and through
+    their policy, then stacked), or left for the device (RawBatch); random erasing is one masked fill of the
+    stacked batch here, or travels with the RawBatch. Undecoded files (EncodedJpeg, dataset.decode=cuda) are packed
+    into one EncodedBatch, with their paths. Items GuardedSamples dropped (image None) are left out.
     """
-    items, erasing = augmented(items)
+    items, erasing, stacked = augmented(items)
     started = time.perf_counter()
     skipped = tuple(record for _, _, records, _ in items for record in records)
     present = [i for i, item in enumerate(items) if item[0] is not None]
@@ -149,7 +151,10 @@ def collate(items: list[Sample]) -> Batch:
         packed = EncodedBatch.pack([e.data for e in files], [e.seed for e in files], [e.orientation for e in files])
         batch = Batch(packed, labels, skipped, tuple(e.path for e in files))
     else:
-        images, labels = default_collate(kept)
+        if stacked is not None and len(stacked) == len(kept):  # the crops, written into the batch already
+            images, labels = stacked, torch.tensor([label for _, label in kept])
+        else:
+            images, labels = _stacked(kept)
         if boxes is not None:  # in place, in shared memory: no copy of the batch
             erasing_started = time.perf_counter()
             policies.erase(images, boxes, erasing.fill)
@@ -162,13 +167,27 @@ def collate(items: list[Sample]) -> Batch:
     return batch._replace(times=stages.batch_times(timed, started + erased)) if timed else batch
 
 
-def augmented(items: list[Sample]) -> tuple[list[Sample], Erasing | None]:
+def _stacked(kept: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """default_collate's images [B, C, H, W] and labels (stacked into shared memory inside a worker), the images in
+    the layout they have: channels-last crops (data/batched.py) are stacked as rows [B, H, W, C] and viewed as
+    [B, C, H, W], a copy of whole rows where stacking them planar would transpose every pixel. The feed converts to
+    the model's memory format on the device (data/feed.py), channels-last on CUDA by default."""
+    first = kept[0][0]
+    if first.ndim != 3 or first.shape[0] == 1 or first.stride(0) != 1:
+        return default_collate(kept)
+    rows, labels = default_collate([(image.permute(1, 2, 0), label) for image, label in kept])
+    return rows.permute(0, 3, 1, 2), labels
+
+
+def augmented(items: list[Sample]) -> tuple[list[Sample], Erasing | None, torch.Tensor | None]:
     """The batch's Uncropped images cropped, resized and flipped in one call, then through their policy
-    (data/batched.py), or as RawImages with their plans when the device is to do it; and their random erasing's
-    boxes, drawn from the seeds (None: nothing to erase). The time is split evenly over the images' augment stage."""
+    (data/batched.py), or as RawImages with their plans when the device is to do it; their random erasing's
+    boxes, drawn from the seeds (None: nothing to erase); and, without a policy, the crops as the batch itself
+    [B, 3, S, S], written there by the crop (in shared memory inside a worker, as default_collate's batches), else
+    None. The time is split evenly over the images' augment stage."""
     kept = [i for i, item in enumerate(items) if isinstance(item[0], Uncropped)]
     if not kept:
-        return items, None
+        return items, None, None
     started = time.perf_counter()
     uncropped: list[Uncropped] = [items[i][0] for i in kept]
     images, spec = [u.image for u in uncropped], uncropped[0].spec
@@ -179,10 +198,17 @@ def augmented(items: list[Sample]) -> tuple[list[Sample], Erasing | None]:
         if _on_device(images, spec, uncropped[0].augment_on)
         else None
     )
+    stacked = None
     if plans is not None and resample.window_canvas_bytes(images, plans, spec.size) <= DEVICE_CANVAS_MAX_BYTES:
         images = [RawImage(image, plan, spec.size) for image, plan in zip(images, plans, strict=True)]
-    else:  # the workers' place, or a batch whose canvas for the device would be too large (one huge photo)
+    elif spec.policy:  # the policy runs per sample, on the crops: collate stacks what it gives
         images = batched.augment_batch(images, seeds, spec, full)
+    else:  # the workers' place, or a batch whose canvas for the device would be too large (one huge photo)
+        shared = get_worker_info() is not None  # as default_collate's batches
+        stacked = batched.crop_batch(
+            images, seeds, spec, full, batched.channels_last_batch(len(images), spec.size, images[0], shared)
+        )
+        images = list(stacked)
     erasing = _erasing(seeds, spec, kept, len(items))
     share = (time.perf_counter() - started) / len(kept)
     items = list(items)
@@ -191,7 +217,7 @@ def augmented(items: list[Sample]) -> tuple[list[Sample], Erasing | None]:
         if times is not None:
             times = (times[0], times[1], times[2] + share, times[3] + share)
         items[i] = (image, label, skipped, times)
-    return items, erasing
+    return items, erasing, stacked
 
 
 def _full_sizes(uncropped: list[Uncropped]) -> np.ndarray | None:
