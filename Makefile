@@ -54,7 +54,7 @@ shards: $(SETUP) ## Pack an image folder into shards: make shards SRC=<image fol
 	@test -n "$(SRC)" -a -n "$(DST)" || { echo "usage: make shards SRC=<image folder> DST=<directory or s3://bucket/prefix> [ARGS='--shard-mb 64']"; exit 2; }
 	$(RUN) -m imgtrain.data.shards.command "$(SRC)" "$(DST)" $(ARGS)
 
-bench: $(SETUP) ## The benchmark harness (~70 min on 2 CPUs; the checkpoint section is 16, augment-loaders 15, breakdown 10, big-photos 10): JSON in benchmarks/results/, report appended to BENCHMARKS.md
+bench: $(SETUP) ## The benchmark harness (~80 min on 2 CPUs; the checkpoint section is 16, augment-loaders 15, breakdown 10, big-photos 10, per-core 8 with valgrind): JSON in benchmarks/results/, report appended to BENCHMARKS.md
 	$(RUN) benchmarks/bench.py $(ARGS)
 
 bench-quick: $(SETUP) ## The harness's smoke test: every path, few steps, report to a temporary directory

@@ -38,7 +38,7 @@ Sections, in one invocation on this machine (`--only` picks some, e.g. `--only g
   per-core      the training loader on one core (data.num_workers=0, rrc_flip at 224 px) against a bare decode of the
                 same 512 ImageNet-sized JPEGs and torchvision's per-sample crop, interleaved rounds (5; --repeats), and
                 the instructions each takes per image under valgrind's callgrind, with the functions they go to
-                (benchmarks/per_core.py; about 1 minute, and 10 more for the counts where valgrind is installed).
+                (benchmarks/per_core.py; about 1 minute, and about 8 more for the counts where valgrind is installed).
 The GPU sections run only where CUDA is available, otherwise their rows say "not measured". Every GPU row
 measures at least 200 steady-state steps. Every figure comes from a real run's metrics.json (or the bare
 loop's or timm's output, or, for the kernel sections, this process's clock); nothing is estimated. Results go
