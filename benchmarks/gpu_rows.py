@@ -150,6 +150,7 @@ def check_rows(scale: Scale, photos_root: str, workers: int | str, gpu_decoder: 
     synthetic = ("dataset=synthetic", *r18_args)
     jpeg = jpeg_args(photos_root, workers, *s50, r50_args)
     decoder = (f"dataset.gpu_decoder={gpu_decoder}",) if gpu_decoder else ()
+    slice_size = max(1, scale.r50_batch // 8)  # 8 slices of a batch: 32 samples at 256
     near = Target(
         ">= 90% of r18_ceiling, GPU util within 5 points of r18_ceiling's",
         (("r18_ceiling", 0.9),),
@@ -178,6 +179,13 @@ def check_rows(scale: Scale, photos_root: str, workers: int | str, gpu_decoder: 
             r18_loader, s18, limit(60), "shapes", near),
         Row("r18_dataloader_tune", "the same, data.num_workers=tune (its probe's choice)",
             (*r18_loader, "data.num_workers=tune"), s18, limit(90), "shapes", near),
+        # data.worker_batch_size: slices lost 2-3% with 2 workers on 2 cores; whether 16 cores' workers gain from them
+        # (a batch's 12-MP photos decoded by several workers) decides its default. The loader alone: no compile
+        Row("r50_loader_whole", f"the mixed folder's training loader alone (mode=loader), {cores}, CPU decode, a "
+            "worker per batch", ("mode=loader", *jpeg, "dataset.decode=cpu"), s50, limit(60), "photos"),
+        Row("r50_loader_slices", f"the same, data.worker_batch_size={slice_size} (slices of a batch, joined)",
+            ("mode=loader", *jpeg, "dataset.decode=cpu", f"data.worker_batch_size={slice_size}"), s50, limit(60),
+            "photos", Target("faster than r50_loader_whole", (("r50_loader_whole", 1.0),))),
         Row("r18_ceiling_graphs", "ResNet-18 compute ceiling compiled with CUDA graphs (compile_mode=reduce_overhead)",
             ("mode=compute", *synthetic, *graphs, *steps_args(*s18)), s18, limit(150),
             target=Target(">= 50,000 img/s, GPU util >= 95%", rate=50_000, util=95), note=left_out),

@@ -143,7 +143,7 @@ def test_the_gpu_check_rows_pass_overrides_that_compose(
     (tmp_path / "photos").mkdir()  # validate asks for the folder, which the check generates before these rows
     rows = gpu_rows.check_rows(getattr(gpu_rows, scale), str(tmp_path / "photos"), "auto", gpu_decoder="torchvision")
     assert [row.key for row in rows][:3] == ["r50_ceiling_compiled", "r50_jpeg_cuda", "r50_jpeg_cpu"]
-    assert len(rows) == 9
+    assert len(rows) == 11
     for row in rows:
         cfg = compose_cfg(*row.args, output_dir=str(tmp_path / row.key))
         validate(cfg)

@@ -21,7 +21,7 @@ from imgtrain.common.errors import ConfigError
 from imgtrain.config.checkpoint import BestOf
 from imgtrain.config.data import LoaderEngine
 from imgtrain.config.datasets import CustomConfig, Decode
-from imgtrain.config.fields import AUTO, TUNE
+from imgtrain.config.fields import TUNE
 from imgtrain.config.renamed_keys import RECIPE_MOVES, moved_key_line
 from imgtrain.config.schema import Config
 
@@ -63,7 +63,7 @@ def _check_across_fields(settings: Config) -> None:
     if augment_conflict:
         raise ConfigError(augment_conflict)
     data = settings.data
-    if data.worker_batch_size != AUTO and data.batch_size % data.worker_batch_size:
+    if data.worker_batch_size is not None and data.batch_size % data.worker_batch_size:
         raise _fail(
             "data.worker_batch_size", data.worker_batch_size, f"expected a divisor of data.batch_size={data.batch_size}"
         )

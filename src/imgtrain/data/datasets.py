@@ -38,9 +38,6 @@ class DatasetBundle:
     std: tuple[float, float, float]
     name: str
     classes: list[str] = field(default_factory=list)
-    # its files may cost very different times to load (photos among thumbnails): data.worker_batch_size=auto then
-    # spreads each batch over several workers (data/slices.py). False: generated or in-memory images of one size
-    sizes_vary: bool = False
 
 
 # ----------------------------------------------------------------------------- transforms
@@ -156,20 +153,10 @@ Split = tuple[list[str], list[int]]  # one split of image files: their paths and
 
 
 def bundle(
-    train: Dataset,
-    val: Dataset,
-    classes: list[str],
-    *,
-    name: str,
-    image_size: int,
-    mean: Any,
-    std: Any,
-    sizes_vary: bool = False,
+    train: Dataset, val: Dataset, classes: list[str], *, name: str, image_size: int, mean: Any, std: Any
 ) -> DatasetBundle:
     """The DatasetBundle of a training and a validation dataset and their class names."""
-    return DatasetBundle(
-        train, val, len(classes), image_size, triple(mean), triple(std), name, list(classes), sizes_vary
-    )
+    return DatasetBundle(train, val, len(classes), image_size, triple(mean), triple(std), name, list(classes))
 
 
 def file_bundle(
@@ -185,7 +172,6 @@ def file_bundle(
     scaled_decode: bool = False,
     transforms: tuple[Any, Any] | None = None,
     dataset: Callable[[Any, Any], Dataset] | None = None,
-    sizes_vary: bool = True,
     **keys: Any,
 ) -> DatasetBundle:
     """The builder of every dataset that reads image files: its own builder lists (train, val, classes), each split
@@ -196,14 +182,12 @@ def file_bundle(
     (after a check that a CPU decoder exists; decode=None: the dataset has no dataset.decode key), or with
     decode="cuda" read them as bytes for the GPU to decode; `scaled_decode`: JPEGs at reduced scale where the crop
     allows (data/scaled_decode.py). `dataset(split, transform)`: each split's Dataset when
-    a split is not image files (dataset=custom: the user's Dataset). `sizes_vary`: whether its files may cost very
-    different times to load (false for generated files of one size)."""
+    a split is not image files (dataset=custom: the user's Dataset)."""
     train, val, classes = listing
     train_tf, val_tf = transforms or imagenet_transforms(image_size, mean=triple(mean), **keys)
     if dataset is None:
         dataset = _file_dataset(name, decode, max_image_pixels, classes, scaled_decode)
-    keys = _bundle_keys(name, image_size, mean, std)
-    return bundle(dataset(train, train_tf), dataset(val, val_tf), classes, sizes_vary=sizes_vary, **keys)
+    return bundle(dataset(train, train_tf), dataset(val, val_tf), classes, **_bundle_keys(name, image_size, mean, std))
 
 
 def _file_dataset(name: str, decode: str | None, max_pixels: int | None, classes: list[str], scaled: bool) -> Callable:
@@ -265,8 +249,7 @@ def build_shapes(
     train_tf = training_transform(image_size, square_resize(image_size), augment, min_scale=0.6, **keys)
     listing = ((train_paths, train_labels), (val_paths, val_labels), classes)
     transforms = (train_tf, square_resize(image_size))
-    keys = _bundle_keys(name, image_size, mean, std)
-    return file_bundle(listing, transforms=transforms, sizes_vary=False, **keys)  # generated, one size
+    return file_bundle(listing, transforms=transforms, **_bundle_keys(name, image_size, mean, std))
 
 
 def build_synthetic(

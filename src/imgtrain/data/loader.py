@@ -88,21 +88,6 @@ def auto_num_workers(local_world_size: int = 1, cpus: int | None = None, kept: i
     return max(0, min(MAX_AUTO_WORKERS, share - kept))
 
 
-# data.worker_batch_size=auto: slices of about this many samples (data/slices.py); a slice costs a worker ~1 ms of
-# its own (collate, the queue, pinning), far below 32 images' decoding
-SLICE_SAMPLES = 32
-
-
-def slices_for(batch_size: int, workers: int, worker_batch_size: int | None) -> int:
-    """How many worker slices make a step's batch: batch_size / data.worker_batch_size (validate checked that it
-    divides), or for auto (None) about SLICE_SAMPLES a slice, never more slices than workers, a divisor of
-    batch_size."""
-    if worker_batch_size is not None:
-        return batch_size // worker_batch_size
-    most = min(workers, batch_size // SLICE_SAMPLES)
-    return max((k for k in range(1, most + 1) if batch_size % k == 0), default=1)
-
-
 def main_process_cores(device_type: str, pinned: bool, gpu_decode: bool) -> tuple[int, str]:
     """The cores `auto` leaves to the training process's own threads, and which threads they are: the training
     thread (its kernel launches on a GPU); on CUDA with pinned memory the DataLoader's pin-memory thread, which
@@ -185,14 +170,12 @@ def plan_loader(
     process_group: bool = False,
     engine: LoaderEngine | None = None,
     gpu_decode: bool = False,
-    sizes_vary: bool = False,
 ) -> LoaderPlan:
     """Resolve `auto` values and drop options PyTorch would reject, noting each change in one line. `workers` and
     `engine`: decided elsewhere (the ranks' agreement, num_workers=tune) in place of data.num_workers, data.engine
     (data.engine=tune plans the DataLoader until the probe chose).
     `process_group`: the run joined one (torchrun), so workers do not start by fork (see FORKSERVER).
-    `gpu_decode`: dataset.decode=cuda, whose decode thread `auto` leaves a core. `sizes_vary`: the dataset's files
-    may cost very different times (data.worker_batch_size=auto slices the batches of such a dataset only)."""
+    `gpu_decode`: dataset.decode=cuda, whose decode thread `auto` leaves a core."""
     notes: list[str] = []
     if workers is None:
         workers, note = resolve_workers(data, local_world_size, device_type, gpu_decode)
@@ -227,20 +210,16 @@ def plan_loader(
         augment_on=_augment_on(data.augment_on, device_type),
         threads=threads,
         cores_kept=main_process_cores(device_type, kwargs["pin_memory"], gpu_decode)[0],
-        slices=_slices(data, kwargs, train=train and not threads, sizes_vary=sizes_vary),
+        slices=_slices(data, kwargs, train=train and not threads),
     )
 
 
-def _slices(data: DataConfig, kwargs: dict[str, Any], *, train: bool, sizes_vary: bool) -> int:
-    """Worker slices of each training batch: data.worker_batch_size's, or auto's where the files vary in cost and
-    two or more worker processes can share a batch; whole batches for validation and loader threads."""
-    if not train:
+def _slices(data: DataConfig, kwargs: dict[str, Any], *, train: bool) -> int:
+    """Worker slices of each training batch: batch_size / data.worker_batch_size (validate checked that it divides);
+    whole batches with null, for validation, and for loader threads."""
+    if not train or data.worker_batch_size is None:
         return 1
-    if data.worker_batch_size != AUTO:
-        return slices_for(kwargs["batch_size"], kwargs["num_workers"], data.worker_batch_size)
-    if not sizes_vary or kwargs["num_workers"] < 2:
-        return 1
-    return slices_for(kwargs["batch_size"], kwargs["num_workers"], None)
+    return kwargs["batch_size"] // data.worker_batch_size
 
 
 def _engine_settings(

@@ -53,7 +53,6 @@ class RunData:
     seed: int  # train.seed
     streamed: bool = False  # dataset=shards: LitData's loader
     gpu_decode: bool = False  # dataset.decode=cuda: `auto` leaves its decode thread a core
-    sizes_vary: bool = False  # the bundle's files may differ in cost: data.worker_batch_size=auto slices its batches
     # a DataLoader, a StreamedLoader (dataset=shards), a ResidentLoader (data.device_resident) or DeviceBatches
     # (mode=compute); None until num_workers=tune's probe chose the count (`build_train`)
     train: Any = None
@@ -110,7 +109,6 @@ class RunData:
             "local_world_size": info.local_world_size,
             "process_group": info.enabled,
             "gpu_decode": self.gpu_decode,
-            "sizes_vary": self.sizes_vary,
         }
 
     @property
@@ -292,8 +290,8 @@ def build_data(
     loader; with data.num_workers=tune in mode=train, none yet: the probe builds it with its count (build_train)."""
     seed, bundle = settings.train.seed, _open_dataset(settings, info)
     gpu_decode = decodes_on_gpu(settings, device)
-    kinds = {"streamed": isinstance(bundle.train, StreamedSplit), "sizes_vary": bundle.sizes_vary}
-    data = RunData(bundle, settings.data, info, device.type, seed, gpu_decode=gpu_decode, **kinds)
+    streamed = isinstance(bundle.train, StreamedSplit)
+    data = RunData(bundle, settings.data, info, device.type, seed, streamed=streamed, gpu_decode=gpu_decode)
     train_plan, val_plan = data.train_plan(data.agreed_workers()), data.val_plan()
     data.loader_args = {"train": train_plan.describe(), "val": val_plan.describe()}
     _log_plans(train_plan, data.loader_args)
