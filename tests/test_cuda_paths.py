@@ -20,8 +20,8 @@ import torch
 
 from imgtrain.config.fields import AugmentOn
 from imgtrain.data import batched, gpu_decode, resample, samples
-from imgtrain.data.datasets import eval_transform, train_transform
 from imgtrain.data.ahead import BatchesAhead
+from imgtrain.data.datasets import eval_transform, train_transform
 from imgtrain.data.gpu_decode import GpuJpegBatches, JpegBatchDecoder
 from imgtrain.data.jpeg import EncodedBatch
 from imgtrain.data.samples import Batch, RawBatch, Uncropped, collate

@@ -25,9 +25,9 @@ from shardhelpers import shards_args
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from imgtrain.data import gpu_decode
+from imgtrain.data.ahead import prefetcher
 from imgtrain.data.datasets import EncodedFileDataset, eval_transform
 from imgtrain.data.decoders import decode_file
-from imgtrain.data.ahead import prefetcher
 from imgtrain.data.feed import ResidentLoader
 from imgtrain.data.folders import list_images
 from imgtrain.data.gpu_decode import GpuJpegBatches, JpegBatchDecoder, decode_jpegs
