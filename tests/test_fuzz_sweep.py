@@ -120,3 +120,12 @@ def test_the_sweep_target_on_a_larger_budget(tmp_path: Path) -> None:
     settings(slow(), max_examples=100, deadline=None)(
         given(JOB_FILES)(lambda files: report_target(tmp_path, files, draw_plot=True))
     )()
+
+
+def test_a_failed_jobs_error_with_a_line_break_is_one_line_in_the_report(tmp_path: Path) -> None:
+    """Found by the target above: a failed.json whose error holds a line break (edited, or another tool's) broke the
+    report's table and summary lines."""
+    failed = json.dumps({"error": "error: model.arch=x: not\nknown"}).encode()
+    report_target(tmp_path, {"metrics": None, "overrides": None, "failed": failed, "stopped": None})
+    rows, _ = collect(tmp_path / "sweep")
+    assert rows[1]["status"] == "failed" and rows[1]["reason"] == "error: model.arch=x: not known"

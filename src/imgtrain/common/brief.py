@@ -22,8 +22,13 @@ def brief(value: Any, width: int = 40) -> str:
         text = _REPR.repr(value)
     except ValueError:  # an integer too long to print (sys.get_int_max_str_digits), nested in anything
         text = f"<{type(value).__name__} too large to print>"
-    text = _LINE_BREAK.sub(" ", text)  # a tensor's repr has a line per row
+    text = single_line(text)  # a tensor's repr has a line per row
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def single_line(text: str) -> str:
+    """`text` with each line break (and the spaces around it) as one space: a table cell or a log line stays one."""
+    return _LINE_BREAK.sub(" ", text)
 
 
 def brief_int(value: int) -> str:

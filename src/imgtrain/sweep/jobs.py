@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from imgtrain.common.brief import brief
+from imgtrain.common.brief import brief, single_line
 from imgtrain.sweep.files import Damaged, read_json, read_yaml
 from imgtrain.sweep.plot import STAGES
 from imgtrain.sweep.rank import spread_of
@@ -177,7 +177,7 @@ def _unfinished(row: dict[str, Any], job_dir: Path, status: str, reason: str) ->
             if path.exists():
                 try:
                     error = _object(path).get("error")
-                    reason = reason if error is None else str(error)
+                    reason = reason if error is None else single_line(str(error))  # a file's, maybe edited
                 except Damaged as damage:
                     reason = str(damage)
                 status = meaning
