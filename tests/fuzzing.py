@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 SEEDS = Path(__file__).resolve().parent / "fuzz_seeds"
-FAST, SLOW = 40, 2000  # examples per target: the fast suite's second or so, make test-slow's minutes
+FAST, SLOW = 40, 500  # examples per target: the fast suite's second or so, make test-slow's minute
 DEADLINE_MS = 1000  # the bound on one input (ms)
 # tmp_path serves every example of a test (each writes its own subfolder); a seed may be slow to shrink
 QUIET = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
