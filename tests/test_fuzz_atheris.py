@@ -17,7 +17,7 @@ pytest.importorskip("optuna", reason="the search-space target needs the search e
 
 HARNESS = Path(__file__).resolve().parent / "atheris_targets.py"
 TARGETS = ["csv", "manifest", "partial", "index", "checkpoint", "space", "job_metrics", "job_overrides"]
-SECONDS = 5  # each target's run: tens of thousands of inputs for the quick parsers, thousands for the rest (CI's budget)
+SECONDS = 5  # each target's run: tens of thousands of inputs for the quick parsers, thousands for the rest
 
 
 @pytest.mark.slow  # about 3 minutes in all
