@@ -37,7 +37,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+from imgtrain.common.errors import ConfigError  # noqa: E402
 from imgtrain.data import codec_engine, gpu_decode, region_decode, region_probe, resample  # noqa: E402
+from imgtrain.data import decoders as decoders_module  # noqa: E402
 from imgtrain.data.batched import CropSpec  # noqa: E402
 from imgtrain.data.scaled_decode import decode_for_crop  # noqa: E402
 
@@ -106,7 +108,11 @@ def candidates(device: torch.device) -> tuple[dict[str, Callable[[Batch], int]],
         checks[f"{name} region"] = {"engine": engine}
     if not cuda:
         missing |= {name: "no CUDA device" for name in ("nvimgcodec", "hardware", "cuda")}
-    decoders["cpu path"] = cpu_path
+    try:
+        decoders_module.cpu_decoder("the CPU path")  # full-scale files go to TorchCodec (or torchvision's)
+        decoders["cpu path"] = cpu_path
+    except ConfigError as error:  # no CPU decoder here: the other decoders are measured all the same
+        missing["cpu path"] = str(error)[:160]
     return decoders, missing, checks
 
 

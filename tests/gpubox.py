@@ -2,9 +2,9 @@
 then the device wheels installed the documented way.
 
 The GPU box (docs/gpu.md) has torch, torchvision, timm, tensorboard, psutil, matplotlib and nvidia-ml-py, and no
-package index: no LitData, boto3, botocore, obstore, Optuna, moto, scikit-learn or SciPy, and
-no hydra-core, omegaconf, antlr4-python3-runtime, submitit, hydra-submitit-launcher or TorchCodec until the wheels
-of ../shared/device-wheels (beside the checkout, not in it) are installed: `python -m pip install --no-index
+package index: no LitData, boto3, botocore, obstore, Optuna, moto, scikit-learn, SciPy, Hypothesis, Atheris or
+pg8000, and no hydra-core, omegaconf, antlr4-python3-runtime, submitit, hydra-submitit-launcher or TorchCodec until
+the wheels of ../shared/device-wheels (beside the checkout, not in it) are installed: `python -m pip install --no-index
 --no-deps --target DIR <wheel>`, DIR on PYTHONPATH. `site_without` builds a folder of links to this interpreter's
 site-packages, leaving those distributions out (their modules, their metadata, and their entries in shared
 namespace packages such as hydra_plugins), and `command` runs Python with `-S` on it: the packages are absent, as
@@ -42,6 +42,7 @@ ABSENT = (
     "torchcodec",
     "scikit-learn",
     "scipy",
+    *("hypothesis", "sortedcontainers", "atheris", "pg8000", "scramp", "asn1crypto"),  # dev tools the box lacks
     *("hydra-core", "omegaconf", "antlr4-python3-runtime", "submitit", "hydra-submitit-launcher"),  # device wheels
 )
 WHEELS = ROOT.parent / "shared" / "device-wheels"

@@ -27,18 +27,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import simplejpeg
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-from imgtrain.config.datasets import MAX_IMAGE_PIXELS
-from imgtrain.data import scaled_decode
-from imgtrain.data.batched import CropSpec
-from imgtrain.data.decoders import DECODE_ERRORS, decode_bytes, upright
-from imgtrain.data.jpeg import MAX_MARKERS, JpegFrame, exif_orientation, jpeg_frame
-from imgtrain.data.scaled_decode import Reduced, decode_for_crop
+# The GPU box has neither until its wheels are installed: skipped there, not errors
+pytest.importorskip("hypothesis", reason="the fuzz targets need Hypothesis: pip install -e '.[dev]'")
+pytest.importorskip("simplejpeg", reason="the scaled-decoding targets need simplejpeg: pip install -e .")
+
+import simplejpeg  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from imgtrain.config.datasets import MAX_IMAGE_PIXELS  # noqa: E402
+from imgtrain.data import scaled_decode  # noqa: E402
+from imgtrain.data.batched import CropSpec  # noqa: E402
+from imgtrain.data.decoders import DECODE_ERRORS, decode_bytes, upright  # noqa: E402
+from imgtrain.data.jpeg import MAX_MARKERS, JpegFrame, exif_orientation, jpeg_frame  # noqa: E402
+from imgtrain.data.scaled_decode import Reduced, decode_for_crop  # noqa: E402
 
 SEED_DIR = Path(__file__).resolve().parent / "fuzz_seeds" / "jpeg"
 SEEDS = {path.name: path.read_bytes() for path in sorted(SEED_DIR.glob("*.jpg"))}

@@ -22,9 +22,18 @@ from fuzzing import bounded, fast, json_text, mutated, mutated_tree, seed_files,
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imgtrain.common.errors import ConfigError, RunError
-from imgtrain.data.shards.manifest import INDEX, Manifest, SplitFiles, check_split, read_manifest, read_partial
-from imgtrain.data.shards.store import Location, Store
+pytest.importorskip("boto3", reason="the shards manifest needs the shards extra: pip install -e '.[shards]'")
+
+from imgtrain.common.errors import ConfigError, RunError  # noqa: E402
+from imgtrain.data.shards.manifest import (  # noqa: E402
+    INDEX,
+    Manifest,
+    SplitFiles,
+    check_split,
+    read_manifest,
+    read_partial,
+)
+from imgtrain.data.shards.store import Location, Store  # noqa: E402
 
 SEEDS = seed_files("manifest")
 # imgtrain-shards.json and max_side.json: real ones; manifest.<what>.json: one a target found a crash with

@@ -55,7 +55,7 @@ def damage(path: Path) -> str | None:
     # UnicodeDecodeError), an encrypted entry (RuntimeError), a compression method it lacks (NotImplementedError)
     except (OSError, zipfile.BadZipFile, zlib.error, EOFError, ValueError, RuntimeError, NotImplementedError) as error:
         return first_line(error)
-    return f"CRC mismatch in {bad}" if bad else None
+    return f"CRC mismatch in {bad!r}" if bad else None
 
 
 def _check(tmp: Path) -> None:
