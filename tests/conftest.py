@@ -22,6 +22,18 @@ from shardhelpers import pack  # noqa: E402
 
 from imgtrain.data.shapes import ensure_shapes  # noqa: E402
 
+# CI (.ci/run sets CI=1) runs the fuzz targets on the same examples every time: a commit that passed there passes
+# again, and a new find fails a developer's run (random examples, kept in .hypothesis/) rather than a landing.
+# Hypothesis recommends this for CI; the GPU box, which lacks Hypothesis, has nothing to set.
+try:
+    from hypothesis import settings as hypothesis_settings
+
+    hypothesis_settings.register_profile("ci", derandomize=True, database=None)
+    if os.environ.get("CI"):
+        hypothesis_settings.load_profile("ci")
+except ImportError:
+    pass
+
 try:
     from xdist.scheduler import LoadScopeScheduling
 except ImportError:  # NOVENV on the GPU box may lack pytest-xdist: one process, no scheduler

@@ -122,6 +122,18 @@ def test_the_sweep_target_on_a_larger_budget(tmp_path: Path) -> None:
     )()
 
 
+@pytest.mark.parametrize("peak", [-1, float("nan")])
+def test_a_memory_peak_below_zero_or_not_a_number_is_a_damaged_row(tmp_path: Path, peak: float) -> None:
+    """Found by the target above: a job whose pss_peak_gb was -1 left no setting under the memory ceiling of
+    `cheapest`, and the report stopped on min() of nothing."""
+    metrics = json.loads(SEEDS["metrics_1.json"]) | {"pss_peak_gb": peak}
+    report_target(tmp_path, {"metrics": json.dumps(metrics).encode(), "overrides": SEEDS["overrides_1.yaml"]})
+    rows, _ = collect(tmp_path / "sweep")
+    assert rows[1]["status"] == DAMAGED and rows[1]["reason"] == (
+        f"metrics.json: pss_peak_gb is {peak}, expected a number of GB, 0 or more or null"
+    )
+
+
 def test_a_failed_jobs_error_with_a_line_break_is_one_line_in_the_report(tmp_path: Path) -> None:
     """Found by the target above: a failed.json whose error holds a line break (edited, or another tool's) broke the
     report's table and summary lines."""

@@ -47,9 +47,9 @@ QUARTILES = ("images_per_sec_p25", "images_per_sec_p75")  # computed here from t
 NUMBERS = (
     *(key for key in METRIC_COLUMNS if key not in QUARTILES),
     "images_per_sec_per_process",
-    "pss_peak_gb",
     "epoch_start_cost_frac",
 )
+SIZES = ("pss_peak_gb",)  # finite and not negative: `cheapest` compares the peaks as amounts of memory
 LISTS = ("images_per_sec_windows", "epoch_start_cost_s")  # lists of numbers
 TEXTS = ("mode", "verdict", "images_per_sec_note", "images_per_sec_interval_note")
 RECORDS = ("loader", "pipeline", "tune", "environment")
@@ -69,6 +69,10 @@ def _is_number(value: Any) -> bool:
     return True
 
 
+def _size(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value) and value >= 0
+
+
 def _finite_numbers(value: Any) -> bool:
     return isinstance(value, list) and all(_is_number(v) and math.isfinite(v) for v in value)
 
@@ -80,6 +84,7 @@ def _shown(value: Any) -> str:
 def wrong_field(metrics: dict[str, Any]) -> str | None:
     """The first field of `metrics` the report cannot compute with, and what it expects; None when all fit."""
     expected = [(key, _is_number, "a number") for key in NUMBERS]
+    expected += [(key, _size, "a number of GB, 0 or more") for key in SIZES]
     expected += [(key, lambda v: isinstance(v, str), "a string") for key in TEXTS]
     expected += [(key, lambda v: isinstance(v, dict), "an object") for key in RECORDS]
     expected += [(key, _finite_numbers, "a list of numbers") for key in LISTS]
