@@ -55,7 +55,7 @@ def space_target(line: str) -> None:
             expected = [Override._convert_value(element) for element in original.sweep_iterator()]
             for drawn, want in zip(distribution.choices, expected, strict=True):
                 (override,) = PARSER.parse_overrides(space.overrides({key: drawn}))
-                assert not override.is_sweep_override() and override.value() == want, (drawn, want)
+                assert not override.is_sweep_override() and _same(override.value(), want), (drawn, want)
         else:
             for bound in (distribution.low, distribution.high):
                 (override,) = PARSER.parse_overrides(space.overrides({key: bound}))
