@@ -100,7 +100,13 @@ def distribution(optuna: ModuleType, override: Override) -> tuple[Any, list[str]
         pairs = [_choice(element) for element in override.sweep_iterator()]
         if not pairs or len(pairs) > MAX_CHOICES:
             raise ValueError(f"{len(pairs)} choices: expected 1 to {MAX_CHOICES}")
-        return optuna.distributions.CategoricalDistribution([pair[0] for pair in pairs]), [pair[1] for pair in pairs]
+        values, texts = [pair[0] for pair in pairs], [pair[1] for pair in pairs]
+        # Optuna finds a choice by == (list.index): to it 1, 1.0 and true are one choice, and a trial that drew true
+        # ran with 1. Where two choices are equal but written differently, Optuna's values are the texts.
+        seen: dict[Any, str] = {}
+        if any(seen.setdefault(value, text) != text for value, text in pairs):
+            values = texts
+        return optuna.distributions.CategoricalDistribution(values), texts
     # range(start, stop, step): the stop excluded, as Hydra's grammar and basic sweeper do (hydra-optuna-sweeper
     # 1.x included it)
     if isinstance(value, RangeSweep):
