@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
-# make test's processes (pytest-xdist; tests/conftest.py gives each its share of the CPUs): 2 fit CI's 2 cores
+# make test's and make test-slow's processes (pytest-xdist; tests/conftest.py gives each its share of the CPUs): 2 fit
+# CI's 2 cores
 TEST_WORKERS ?= 2
 NPROC ?= 2
 # make gpu-check: where its results go (on the GPU box: GPU_CHECK_OUT=$$OUT) and the commit the tree is (the box gets
@@ -69,8 +70,8 @@ gpu-check: $(SETUP) ## GPU tests and every headline GPU figure in one call of at
 test: $(SETUP) ## Run the fast test suite in TEST_WORKERS processes (2 min on 2 cores; slow tests: make test-slow)
 	$(RUN) -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
-test-slow: $(SETUP) ## Run only the slow tests (what CI runs after make test)
-	$(RUN) -m pytest -m slow --durations=15 $(PYTEST_ARGS)
+test-slow: $(SETUP) ## Run only the slow tests in TEST_WORKERS processes (15 min on 2 cores; what CI runs after make test)
+	$(RUN) -m pytest -m slow -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
 test-gpu: $(SETUP) ## Run the CUDA tests on this machine's GPU (they skip without one); NOVENV=1 PYTHON=python3 where there is no index
 	$(RUN) -m pytest -m gpu -rs $(PYTEST_ARGS)

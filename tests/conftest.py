@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -69,6 +70,14 @@ class SharedFixtureScheduling(LoadScopeScheduling):
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> SharedFixtureScheduling | None:
     """make test's schedule (-n N gives --dist load); another --dist asked for keeps xdist's own."""
     return SharedFixtureScheduling(config, log) if config.getoption("dist") == "load" else None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move what the imports made (torch, Hydra, the test modules: a few hundred thousand objects that live as long
+    as the process) out of the collector's sight: every full collection walked them again. With it, GC took 2.4 and
+    2.8 s of test_trust, test_config and test_run in one process, against 9.7 and 10.4 s without (50.3 and 52.3 s
+    against 58.5 and 59.9 s wall, interleaved, 2-core VM, 2026-11-28)."""
+    gc.freeze()
 
 
 def pytest_report_header() -> str:
