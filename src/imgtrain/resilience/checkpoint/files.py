@@ -49,13 +49,14 @@ def damage(path: Path) -> str | None:
         with zipfile.ZipFile(path) as archive:
             packed = [entry for entry in archive.infolist() if entry.compress_type != zipfile.ZIP_STORED]
             if packed:
-                return f"its entry {packed[0].filename!r} is compressed, which torch.save never does: not unpacked"
+                name = brief(packed[0].filename, 80)
+                return f"its entry {name} is compressed, which torch.save never does: not unpacked"
             bad = archive.testzip()
     # zipfile's own kinds of damage besides BadZipFile: a name not in the encoding its flag says (ValueError:
     # UnicodeDecodeError), an encrypted entry (RuntimeError), a compression method it lacks (NotImplementedError)
     except (OSError, zipfile.BadZipFile, zlib.error, EOFError, ValueError, RuntimeError, NotImplementedError) as error:
         return first_line(error)
-    return f"CRC mismatch in {bad!r}" if bad else None
+    return f"CRC mismatch in {brief(bad, 80)}" if bad else None  # a name as the file has it: one line, bounded
 
 
 def _check(tmp: Path) -> None:
