@@ -8,12 +8,14 @@ import shutil
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
 from imgtrain.common.errors import RunError
 from imgtrain.config.data import DataConfig
+
+T = TypeVar("T")
 
 # Seconds a killed worker is waited for: SIGKILL ends it at once, unless the kernel holds it in an uninterruptible read
 KILL_WAIT_S = 2.0
@@ -105,17 +107,24 @@ def _holding_batches(iterator: Any) -> list[Any]:
 
 
 @contextlib.contextmanager
-def worker_deaths_found_at_next_batch() -> Iterator[None]:
+def worker_deaths_found_at_next_batch(start: Callable[[], T] = lambda: None) -> Iterator[T]:
     """During an epoch, a dead worker is found by the next batch request (PyTorch checks its workers every 5 s
     while it waits: "exited unexpectedly") rather than by PyTorch's SIGCHLD handler, which raises wherever the
     main thread is: in backward() or half-way through an optimizer step, with a traceback and weights that
-    cannot be saved. (Workers started by forkserver are not our children: their SIGCHLD never comes here.)"""
+    cannot be saved. (Workers started by forkserver are not our children: their SIGCHLD never comes here.)
+
+    `start()` starts the workers (an epoch's iterator), inside: PyTorch sets its handler when a process's first
+    workers start, and it is turned off again, so that leaving restores SIGCHLD as it was before them. Around the
+    whole of training (`loop.fit`), it keeps it off between epochs too, during validation and the checkpoint's
+    save: a persistent worker that dies then is found as the next epoch starts (`first_batches`)."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield start()
         return
     previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     try:
-        yield
+        started = start()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        yield started
     finally:
         signal.signal(signal.SIGCHLD, previous)
 

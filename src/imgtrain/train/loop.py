@@ -107,8 +107,9 @@ class EpochBatches:
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> EpochBatches:
-        loader_batches = first_batches(self.loader, self.data)  # the workers start, or resume (persistent)
-        self._stack.enter_context(worker_deaths_found_at_next_batch())
+        # the workers start, or resume (persistent), with SIGCHLD left at its default
+        started = worker_deaths_found_at_next_batch(lambda: first_batches(self.loader, self.data))
+        loader_batches = self._stack.enter_context(started)
         # Entered last, so it leaves first: after an error the workers stop while SIGCHLD is still quiet, not
         # under PyTorch's handler, which would raise a second error (a traceback) from inside their shutdown.
         loader_batches = self._stack.enter_context(workers_stopped_on_error(loader_batches))
@@ -213,6 +214,13 @@ def evaluate(
 def fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mode, epochs: int) -> None:
     """Train from `parts.progress` to `parts.checkpointer.total_steps`; in mode=train, validate and save at
     every epoch end."""
+    with worker_deaths_found_at_next_batch():  # between epochs too: see `_fit`
+        _fit(model, data, step, parts, mode, epochs)
+
+
+def _fit(model: nn.Module, data: RunData, step: Step, parts: Components, mode: Mode, epochs: int) -> None:
+    """`fit`'s epochs, with SIGCHLD at its default throughout: a persistent training worker that dies while the
+    epoch's end validates and saves is found as the next epoch starts, in one line, with its checkpoint saved."""
     progress = parts.progress
     for epoch in range(progress.epoch, epochs):
         progress.begin_epoch(epoch)
